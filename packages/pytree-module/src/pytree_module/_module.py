@@ -1,0 +1,502 @@
+"""`Module`: classes whose instances are JAX pytrees."""
+
+import dataclasses
+import inspect
+import operator
+from collections.abc import Callable
+from types import FunctionType, MethodType
+from typing import Any, ClassVar
+
+import jax
+
+from ._bound_method import BoundMethod, MethodDescriptor
+from ._errors import TraceContextError
+from ._field import CONVERTER
+from ._layout import TreedefEntry, get_layout
+from ._status import (
+    StatusWrapper,
+    check_static_value,
+    contains_array,
+    contains_wrapper,
+    field_is_static,
+    is_data,
+    register_data_type,
+)
+from ._trace import current_trace_token, same_trace
+
+# Forced statuses (`data(...)`/`static(...)` assignments) of instances whose `__init__` is
+# running, keyed by `id(instance)`. Presence here is what "still initialising" means.
+_INITIALISING: dict[int, dict[str, bool]] = {}
+
+
+# ----------------------------------------------------------------------------- pytree
+
+
+def _flatten(module: "Module") -> tuple[tuple[Any, ...], TreedefEntry]:
+    try:
+        entry = module._pm_aux
+    except AttributeError:
+        raise _not_initialised(module) from None
+    return entry.get_data(module.__dict__), entry
+
+
+def _flatten_with_keys(module: "Module") -> tuple[tuple[Any, ...], TreedefEntry]:
+    try:
+        entry = module._pm_aux
+    except AttributeError:
+        raise _not_initialised(module) from None
+    layout = entry.layout
+    values = layout.get_data(module.__dict__)
+    return tuple(zip(layout.key_entries, values, strict=True)), entry
+
+
+# Calling the treedef entry with the leaves rebuilds the module, all in C up to the
+# generated builder (see _layout.py).
+_unflatten = operator.call
+
+
+def _not_initialised(module: "Module") -> ValueError:
+    return ValueError(
+        f"This {type(module).__name__} is still running its __init__, so its pytree "
+        "structure is not settled yet and it cannot be flattened. Finish constructing it "
+        "before passing it to JAX."
+    )
+
+
+class _ModuleMeta(type):
+    """Builds Module classes: dataclass fields, method wrapping, pytree registration."""
+
+    def __new__(
+        mcs,
+        name: str,
+        bases: tuple[type, ...],
+        namespace: dict[str, Any],
+        /,
+        *,
+        frozen: bool | None = None,
+        pytree: bool | None = None,
+        **kwargs: Any,
+    ) -> type:
+        annotations = namespace.get("__annotations__", {})
+        for key, value in list(namespace.items()):
+            if (
+                isinstance(value, FunctionType)
+                and not (key.startswith("__") and key.endswith("__"))
+                and key not in annotations
+            ):
+                namespace[key] = MethodDescriptor(value)
+        for option, value in (("frozen", frozen), ("pytree", pytree)):
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(
+                    f"class {name}(Module, {option}=...) expects True or False, got {value!r}."
+                )
+        cls = super().__new__(mcs, name, bases, namespace, **kwargs)
+        # Options are inherited unless a subclass sets them again.
+        if frozen is None:
+            frozen = getattr(cls, "__module_frozen__", False)
+        if pytree is None:
+            pytree = getattr(cls, "__module_pytree__", True)
+        cls.__module_frozen__ = frozen
+        cls.__module_pytree__ = pytree
+        custom_init = "__init__" in namespace or any(
+            getattr(base, "__module_custom_init__", False) for base in bases
+        )
+        cls.__module_custom_init__ = custom_init
+        dataclasses.dataclass(cls, init=not custom_init, repr=False, eq=False)
+        fields = dataclasses.fields(cls)
+        cls.__module_fields__ = fields
+        cls.__module_field_index__ = {f.name: i for i, f in enumerate(fields)}
+        cls.__module_field_static__ = {f.name: field_is_static(f) for f in fields}
+        cls.__module_converters__ = tuple(
+            (f.name, f.metadata[CONVERTER]) for f in fields if CONVERTER in f.metadata
+        )
+        cls.__module_check_inits__ = tuple(
+            klass.__dict__["__check_init__"]
+            for klass in cls.__mro__
+            if "__check_init__" in klass.__dict__
+        )
+        cls.__module_descriptors__ = {}
+        if cls.__module_pytree__:
+            jax.tree_util.register_pytree_with_keys(
+                cls, _flatten_with_keys, _unflatten, flatten_func=_flatten
+            )
+        return cls
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        self = cls.__new__(cls)
+        key = id(self)
+        forced: dict[str, bool] = {}
+        _INITIALISING[key] = forced
+        try:
+            _set_trace(self, current_trace_token())
+            try:
+                cls.__init__(self, *args, **kwargs)
+            except TypeError as error:
+                _raise_if_bad_arguments(cls, args, kwargs, error)
+                raise
+            _finish_init(self, forced)
+        finally:
+            del _INITIALISING[key]
+        for check_init in cls.__module_check_inits__:
+            check_init(self)
+        return self
+
+
+class Module(metaclass=_ModuleMeta):
+    """Base class for models: subclasses are JAX pytrees.
+
+    Two ways to declare attributes, freely mixed:
+
+    * **Equinox style**: annotate fields on the class. An `__init__` taking them is
+      generated unless the class (or a parent) defines one. Annotated fields are data
+      unless declared `field(static=True)` / `static()`.
+    * **NNX style**: assign attributes in `__init__`. When `__init__` returns, each
+      unannotated attribute is data if `is_data(value)` (arrays, Modules, containers of
+      those), else static. Force a status with `self.x = data(v)` / `static(v)`.
+
+    Class options: `class M(Module, frozen=True)` refuses assignment after `__init__`
+    (update copies with `tree_at`); `class M(Module, pytree=False)` is not a pytree and runs
+    no status checks (use it through pytree_graph).
+
+    Mutating a Module from inside a JAX trace other than the one it was created in raises
+    `TraceContextError`. Modules hash and compare by identity; use `tree_equal` for values.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> class Linear(Module):
+        ...     def __init__(self, din, dout):
+        ...         self.din, self.dout = din, dout        # static: ints
+        ...         self.weight = jnp.zeros((din, dout))   # data: array
+        ...     def __call__(self, x):
+        ...         return x @ self.weight
+        >>> layer = Linear(2, 3)
+        >>> [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(layer)]
+        ['.weight']
+        >>> jax.jit(lambda m, x: m(x))(layer, jnp.ones(2)).shape
+        (3,)
+    """
+
+    __slots__ = ("__dict__", "__weakref__", "_pm_aux", "_pm_trace")
+
+    __module_frozen__: ClassVar[bool]
+    __module_pytree__: ClassVar[bool]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        forced = _INITIALISING.get(id(self))
+        if forced is not None:
+            _set_during_init(self, forced, name, value)
+        else:
+            _set_after_init(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        cls = type(self)
+        if id(self) not in _INITIALISING:
+            _check_mutable(self, name, "delete")
+        object.__delattr__(self, name)
+        if cls.__module_pytree__ and id(self) not in _INITIALISING:
+            _relayout(self, {})
+
+    def __repr__(self) -> str:
+        from ._pformat import tree_pformat
+
+        return tree_pformat(self)
+
+    def __pdoc__(self, **kwargs: Any) -> Any:
+        import wadler_lindig as wl
+
+        return wl.bracketed(
+            begin=wl.TextDoc(f"{type(self).__name__}("),
+            docs=wl.named_objs(repr_items(self), **kwargs),
+            sep=wl.comma,
+            end=wl.TextDoc(")"),
+            indent=kwargs.get("indent", 2),
+        )
+
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Callable) -> Any:
+        from treescope import repr_lib
+
+        return repr_lib.render_object_constructor(
+            object_type=type(self),
+            attributes=dict(repr_items(self)),
+            path=path,
+            subtree_renderer=subtree_renderer,
+            roundtrippable=False,
+        )
+
+    def __getstate__(self) -> tuple[dict[str, Any], tuple[str, ...] | None]:
+        entry = getattr(self, "_pm_aux", None)
+        return dict(self.__dict__), (entry.layout.data_keys if entry is not None else None)
+
+    def __setstate__(self, state: tuple[dict[str, Any], tuple[str, ...] | None]) -> None:
+        values, data_keys = state
+        self.__dict__.update(values)
+        _set_trace(self, current_trace_token())
+        if data_keys is not None and type(self).__module_pytree__:
+            order = canonical_order(type(self), values)
+            _install_layout(self, order, [k in data_keys for k in order])
+
+
+register_data_type(Module)
+register_data_type(BoundMethod)
+
+_set_aux = Module._pm_aux.__set__  # type: ignore[attr-defined]
+_set_trace = Module._pm_trace.__set__  # type: ignore[attr-defined]
+
+
+def canonical_order(cls: type, values: dict[str, Any]) -> list[str]:
+    """Attribute order of a layout: declared fields first, then other names sorted.
+
+    Sorting makes the structure independent of assignment order, so two instances built
+    along different code paths still have equal treedefs.
+    """
+    index = cls.__module_field_index__
+    declared = sorted((k for k in values if k in index), key=index.__getitem__)
+    others = sorted(k for k in values if k not in index)
+    return declared + others
+
+
+def _install_layout(module: Module, order: list[str], statuses: list[bool]) -> None:
+    values = module.__dict__
+    unhashable = [not d and _is_unhashable(values[k]) for k, d in zip(order, statuses, strict=True)]
+    layout = get_layout(type(module), order, statuses, unhashable, _set_aux, _set_trace)
+    _set_aux(module, layout.entry(values))
+
+
+def _is_unhashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return True
+    return False
+
+
+def _relayout(module: Module, changed: dict[str, bool]) -> None:
+    """Recompute the layout after attributes were added, removed or changed status."""
+    layout = module._pm_aux.layout
+    values = module.__dict__
+    order = canonical_order(type(module), values)
+    data_keys = layout.data_keys
+    statuses = [changed.get(k, k in data_keys) for k in order]
+    _install_layout(module, order, statuses)
+
+
+# ------------------------------------------------------------------------- assignment
+
+
+def _describe(module: Module, name: str) -> Callable[[], str]:
+    return lambda: f"Attribute '{name}' of {type(module).__name__}"
+
+
+def _check_assignable(module: Module, name: str, value: Any) -> None:
+    """Checks every assignment runs, whatever the status."""
+    if isinstance(value, BoundMethod | MethodType) and value.__self__ is module:
+        raise ValueError(
+            f"Cannot assign a bound method of this {type(module).__name__} to its own "
+            f"attribute '{name}': the module would contain itself. Define a method instead, "
+            "or store the plain function and call it with the module."
+        )
+    if contains_wrapper(value):
+        raise ValueError(
+            f"Attribute '{name}' of {type(module).__name__}: found data(...)/static(...) "
+            "inside a container. These wrappers mark a whole attribute and must be the "
+            f"assigned value itself: `self.{name} = data([...])`, not `[data(...)]`."
+        )
+
+
+def _is_data_descriptor(cls: type, name: str) -> bool:
+    """Whether `name` is handled by a class-level data descriptor such as a property."""
+    cache = cls.__module_descriptors__
+    found = cache.get(name)
+    if found is None:
+        found = False
+        for klass in cls.__mro__:
+            if name in klass.__dict__:
+                found = hasattr(type(klass.__dict__[name]), "__set__")
+                break
+        cache[name] = found
+    return found
+
+
+def _set_during_init(module: Module, forced: dict[str, bool], name: str, value: Any) -> None:
+    cls = type(module)
+    if not same_trace(module._pm_trace):
+        raise _trace_error(module, name, "assign")
+    if not cls.__module_pytree__ or _is_data_descriptor(cls, name):
+        object.__setattr__(module, name, value.value if isinstance(value, StatusWrapper) else value)
+        return
+    status = None
+    if isinstance(value, StatusWrapper):
+        status, value = value.is_data, value.value
+        if not status and contains_array(value):
+            raise ValueError(
+                f"Found arrays in the value assigned to attribute '{name}' of "
+                f"{cls.__name__} with static(...): static values are never traced. Use "
+                f"`self.{name} = data(...)` or assign it without static(...)."
+            )
+    else:
+        known = forced.get(name)
+        if known is None and name in cls.__module_field_static__:
+            known = not cls.__module_field_static__[name]
+        if known is False:
+            _refuse_data_in_static(module, name, value)
+    if (
+        cls.__module_frozen__
+        and cls.__module_field_index__
+        and name not in cls.__module_field_index__
+    ):
+        raise ValueError(
+            f"Cannot set attribute '{name}' on frozen {cls.__name__}: it is not one of its "
+            f"fields {list(cls.__module_field_index__)}. Declare it with an annotation in "
+            f"the class body (`{name}: type`)."
+        )
+    _check_assignable(module, name, value)
+    if status is not None:
+        forced[name] = status
+    object.__setattr__(module, name, value)
+
+
+def _refuse_data_in_static(module: Module, name: str, value: Any) -> None:
+    if contains_array(value):
+        raise ValueError(
+            f"Cannot assign a value holding arrays to static attribute '{name}' of "
+            f"{type(module).__name__}: static values are never traced. To change its "
+            f"status explicitly, wrap the value: `.{name} = data(...)`; for a field "
+            "declared static, declare it without `static=True`."
+        )
+
+
+def _check_mutable(module: Module, name: str, action: str) -> None:
+    cls = type(module)
+    if cls.__module_frozen__:
+        raise dataclasses.FrozenInstanceError(
+            f"Cannot {action} attribute '{name}' of {cls.__name__}: it is frozen "
+            f"(`class {cls.__name__}(Module, frozen=True)`), so it is immutable after "
+            f"__init__. Make an updated copy instead: "
+            f"`tree_at(lambda m: m.{name}, module, new_value)`."
+        )
+    if not same_trace(module._pm_trace):
+        raise _trace_error(module, name, action)
+
+
+def _trace_error(module: Module, name: str, action: str) -> TraceContextError:
+    kind = type(module).__name__
+    return TraceContextError(
+        f"Cannot {action} attribute '{name}' of {kind}: this {kind} was created outside "
+        "the JAX transformation (jit, grad, vmap, scan, ...) that is tracing now, so the "
+        "change would leak tracers out of it. Pass the module into the transformed "
+        "function as an argument and return it (or the new values), or use "
+        "pytree_graph's transforms, which write updates back to the caller's objects."
+    )
+
+
+def _set_after_init(module: Module, name: str, value: Any) -> None:
+    _check_mutable(module, name, "assign")
+    cls = type(module)
+    if not cls.__module_pytree__ or _is_data_descriptor(cls, name):
+        object.__setattr__(module, name, value.value if isinstance(value, StatusWrapper) else value)
+        return
+    layout = module._pm_aux.layout
+    if isinstance(value, StatusWrapper):
+        status, value = value.is_data, value.value
+        if not status and contains_array(value):
+            raise ValueError(
+                f"Found arrays in the value assigned to attribute '{name}' of "
+                f"{cls.__name__} with static(...): static values are never traced."
+            )
+    elif name in layout.data_keys:
+        status = True
+    elif name in layout.static_keys:
+        status = False
+        _refuse_data_in_static(module, name, value)
+    elif name in cls.__module_field_static__:
+        status = not cls.__module_field_static__[name]
+        if not status:
+            _refuse_data_in_static(module, name, value)
+    else:
+        status = is_data(value)
+    if not status:
+        check_static_value(value, _describe(module, name))
+    _check_assignable(module, name, value)
+    was_data = name in layout.data_keys
+    object.__setattr__(module, name, value)
+    # Reassigning a data attribute leaves the structure unchanged: nothing to recompute.
+    if not (status and was_data):
+        _relayout(module, {name: status})
+
+
+# ----------------------------------------------------------------------------- __init__
+
+
+def _raise_if_bad_arguments(cls: type, args: tuple, kwargs: dict, error: TypeError) -> None:
+    """Turn a TypeError from binding constructor arguments into one naming the class."""
+    try:
+        signature = inspect.signature(cls.__init__)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(None, *args, **kwargs)
+    except TypeError as bind_error:
+        parameters = [
+            p.replace(annotation=inspect.Parameter.empty)
+            for p in list(signature.parameters.values())[1:]
+        ]
+        shown = signature.replace(parameters=parameters, return_annotation=inspect.Signature.empty)
+        raise TypeError(f"{cls.__name__}{shown} got bad arguments: {bind_error}.") from error
+
+
+def _finish_init(module: Module, forced: dict[str, bool]) -> None:
+    """After `__init__`: defaults, converters, statuses, checks, layout."""
+    cls = type(module)
+    values = module.__dict__
+    missing = []
+    for f in cls.__module_fields__:
+        if f.name in values:
+            continue
+        if f.default is not dataclasses.MISSING:
+            values[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            values[f.name] = f.default_factory()
+        else:
+            missing.append(f.name)
+    if missing:
+        raise ValueError(
+            f"{cls.__name__}.__init__ did not set the annotated field(s) "
+            f"{', '.join(repr(m) for m in missing)}. Assign them in __init__ "
+            f"(`self.{missing[0]} = ...`), give them a default in the class body, or "
+            "remove the annotation."
+        )
+    for name, converter in cls.__module_converters__:
+        values[name] = converter(values[name])
+    if not cls.__module_pytree__:
+        return
+    field_static = cls.__module_field_static__
+    order = canonical_order(cls, values)
+    statuses = []
+    for name in order:
+        value = values[name]
+        if name in forced:
+            status = forced[name]
+        elif name in field_static:
+            status = not field_static[name]
+        else:
+            status = is_data(value)
+        if contains_wrapper(value):
+            _check_assignable(module, name, value)
+        if not status:
+            check_static_value(value, _describe(module, name))
+        statuses.append(status)
+    _install_layout(module, order, statuses)
+
+
+def repr_items(module: Module) -> list[tuple[str, Any]]:
+    """The (name, value) pairs that `repr` shows, in layout order."""
+    cls = type(module)
+    values = module.__dict__
+    hidden = {f.name for f in cls.__module_fields__ if not f.repr}
+    return [(k, values[k]) for k in canonical_order(cls, values) if k not in hidden]
+
+
+def is_initialising(module: Module) -> bool:
+    """Whether `module.__init__` is still running."""
+    return id(module) in _INITIALISING

@@ -1,0 +1,64 @@
+"""Readable text for pytrees: `tree_pformat` and `tree_pprint`."""
+
+from typing import Any
+
+import jax
+import numpy as np
+import wadler_lindig
+
+_ARRAYS = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
+
+
+def _short_array(x: Any) -> Any:
+    """`f32[3,4]` for arrays and shape structs, with no library suffix."""
+    if isinstance(x, _ARRAYS):
+        return wadler_lindig.array_summary(np.shape(x), np.dtype(x.dtype).name, None)
+    return None
+
+
+def tree_pformat(tree: Any, *, width: int = 80, indent: int = 2, short_arrays: bool = True) -> str:
+    """Format a pytree (Modules included) as compact, readable text.
+
+    Arrays print as their dtype and shape (`f32[3,4]`) unless `short_arrays=False`.
+
+    Arguments:
+        tree: any Python object; Modules, lists, dicts, dataclasses and arrays are laid
+            out structurally.
+        width: line width to fit within before breaking onto several lines.
+        indent: spaces per nesting level when broken over several lines.
+        short_arrays: show arrays as `dtype[shape]` instead of their values.
+
+    Returns:
+        The formatted text.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import tree_pformat
+        >>> tree_pformat({"w": jnp.zeros((3, 4)), "n": 2})
+        "{'w': f32[3,4], 'n': 2}"
+    """
+    return wadler_lindig.pformat(
+        tree,
+        width=width,
+        indent=indent,
+        short_arrays=short_arrays,
+        custom=_short_array if short_arrays else lambda _: None,
+    )
+
+
+def tree_pprint(tree: Any, *, width: int = 80, indent: int = 2, short_arrays: bool = True) -> None:
+    """Print `tree_pformat(tree, ...)`.
+
+    Arguments:
+        tree: any Python object.
+        width: line width to fit within.
+        indent: spaces per nesting level.
+        short_arrays: show arrays as `dtype[shape]` instead of their values.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import tree_pprint
+        >>> tree_pprint([jnp.ones(2, dtype=jnp.int32), "x"])
+        [i32[2], 'x']
+    """
+    print(tree_pformat(tree, width=width, indent=indent, short_arrays=short_arrays))

@@ -1,0 +1,77 @@
+"""`tree_equal`: structure and value equality of pytrees."""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._status import is_array
+
+
+def tree_equal(*trees: Any, rtol: float = 0.0, atol: float = 0.0) -> bool | jax.Array:
+    """Whether all `trees` have the same structure and equal leaves.
+
+    Arrays are equal when their shapes and dtypes match and their values agree within
+    `atol + rtol * |other|` (exactly, by default). Other leaves compare with `==`. Under a
+    JAX trace the result is a traced boolean array.
+
+    Arguments:
+        *trees: the pytrees to compare (any number; fewer than two is trivially True).
+        rtol: relative tolerance for array values.
+        atol: absolute tolerance for array values.
+
+    Returns:
+        `True`/`False`, or a scalar boolean array when tracers are involved.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import tree_equal
+        >>> tree_equal({"a": jnp.ones(2)}, {"a": jnp.ones(2)})
+        True
+        >>> tree_equal([1.0], [1.0 + 1e-9], atol=1e-6)
+        True
+        >>> tree_equal(jnp.ones(2), jnp.ones(3))
+        False
+    """
+    if len(trees) < 2:
+        return True
+    first_leaves, first_def = jax.tree.flatten(trees[0])
+    result: bool | jax.Array = True
+    for other in trees[1:]:
+        leaves, treedef = jax.tree.flatten(other)
+        if treedef != first_def:
+            return False
+        for a, b in zip(first_leaves, leaves, strict=True):
+            equal = _leaf_equal(a, b, rtol, atol)
+            if equal is False:
+                return False
+            if equal is not True:
+                result = equal if result is True else jnp.logical_and(result, equal)
+    return result
+
+
+def _leaf_equal(a: Any, b: Any, rtol: float, atol: float) -> bool | jax.Array:
+    if is_array(a) or is_array(b):
+        if not (is_array(a) and is_array(b)):
+            if rtol == 0 and atol == 0:
+                return False
+            a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if isinstance(a, jax.core.Tracer) or isinstance(b, jax.core.Tracer):
+            return _close(jnp, a, b, rtol, atol)
+        return bool(_close(np, np.asarray(a), np.asarray(b), rtol, atol))
+    numbers = int | float | complex
+    if (rtol or atol) and isinstance(a, numbers) and isinstance(b, numbers):
+        return bool(abs(a - b) <= atol + rtol * abs(b))
+    try:
+        return bool(a == b)
+    except Exception:
+        return a is b
+
+
+def _close(xnp: Any, a: Any, b: Any, rtol: float, atol: float) -> Any:
+    if rtol == 0 and atol == 0:
+        return xnp.all(a == b)
+    return xnp.all(xnp.abs(a - b) <= atol + rtol * xnp.abs(b))

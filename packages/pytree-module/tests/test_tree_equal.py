@@ -1,0 +1,38 @@
+"""tree_equal: structure and values."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pytree_module import Module, tree_equal
+
+
+class Box(Module):
+    def __init__(self, x, tag="a"):
+        self.x = x
+        self.tag = tag
+
+
+def test_equal_and_unequal_trees():
+    assert tree_equal(Box(jnp.ones(2)), Box(jnp.ones(2)), Box(np.ones(2, np.float32)))
+    assert not tree_equal(Box(jnp.ones(2)), Box(jnp.zeros(2)))
+    assert not tree_equal(Box(jnp.ones(2)), Box(jnp.ones(2), tag="b"))
+    assert not tree_equal(Box(jnp.ones(2)), Box(jnp.ones(3)))
+    assert not tree_equal(jnp.ones(2), jnp.ones(2, dtype=jnp.int32))
+    assert not tree_equal([1], (1,))
+    assert tree_equal(1) and tree_equal()
+
+
+def test_tolerances():
+    a, b = jnp.array([1.0, 2.0]), jnp.array([1.0, 2.001])
+    assert not tree_equal(a, b)
+    assert tree_equal(a, b, atol=1e-2)
+    assert tree_equal(a, b, rtol=1e-2)
+    assert tree_equal([1.0], [1.0005], atol=1e-3)
+
+
+def test_under_jit_returns_a_traced_boolean():
+    out = jax.jit(lambda a, b: tree_equal(a, b))(jnp.ones(2), jnp.ones(2))
+    assert bool(out)
+    out = jax.jit(lambda a, b: tree_equal(a, b))(jnp.ones(2), jnp.zeros(2))
+    assert not bool(out)
