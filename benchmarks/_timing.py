@@ -6,10 +6,10 @@ Method, in short:
   jitted functions on a small CPU are bimodal; synchronous dispatch makes them stable.
 * `compare(cases)` times several implementations of one operation. Each case is warmed up, then
   given a loop size ``number`` so that one repeat (a loop of ``number`` calls) lasts about
-  ``repeat_s`` seconds. The repeats of all cases are interleaved (case A, case B, ..., then again),
-  so that a change in machine load during the run hits every case alike, and the median of the
-  per-call times over the repeats is reported. The garbage collector is off while a loop runs
-  (as in `timeit`).
+  ``repeat_s`` seconds. The repeats of all cases are interleaved (case A, case B, ..., then again,
+  in a rotated order), so that a change in machine load during the run hits every case alike,
+  and the median of the per-call times over the repeats is reported. The garbage collector is
+  off while a loop runs (as in `timeit`).
 * `Row` and `markdown_table` turn the results into the table that every benchmark prints.
 
 Ratios between cases of one `compare` call are the figures to read; absolute times depend on
@@ -106,9 +106,12 @@ def compare(cases: Mapping[str, Case], settings: Settings) -> dict[str, Timing]:
         timer.timeit(settings.warmup)
     numbers = {name: _calibrate(timer, settings) for name, timer in timers.items()}
     samples: dict[str, list[float]] = {name: [] for name in timers}
-    for _ in range(settings.repeat):
-        for name, timer in timers.items():
-            samples[name].append(timer.timeit(numbers[name]) / numbers[name])
+    names = list(timers)
+    for i in range(settings.repeat):
+        # Rotate the order each round so that no case always runs first or after another.
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].append(timers[name].timeit(numbers[name]) / numbers[name])
     result = {}
     for name, values in samples.items():
         if len(values) >= 2:
@@ -144,12 +147,16 @@ def _fmt_time(us: float | None) -> str:
     return f"{us:.3f}" if us < 1 else f"{us:.2f}" if us < 100 else f"{us:.0f}"
 
 
+def _fmt_ratio(ratio: float) -> str:
+    return f"{ratio:.0f}x" if ratio >= 100 else f"{ratio:#.3g}x"
+
+
 def markdown_table(rows: list[Row]) -> str:
     """Render rows as a markdown table with the columns of `HEADER`."""
     lines = ["| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
     for row in rows:
         met = "" if row.met is None else "yes" if row.met else "**no**"
-        ratio = "" if row.ratio is None else f"{row.ratio:.{2 if row.ratio >= 0.1 else 3}f}x"
+        ratio = "" if row.ratio is None else _fmt_ratio(row.ratio)
         impl = f"{row.implementation} ({row.note})" if row.note else row.implementation
         cells = (row.measurement, impl, _fmt_time(row.time_us), ratio, row.target, met)
         lines.append("| " + " | ".join(cells) + " |")

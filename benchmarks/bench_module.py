@@ -237,12 +237,10 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
         all_timings.update({f"{label} / {k}": v for k, v in timings.items()})
         return timings
 
-    ours_target = {OURS: None, OURS_F: None}
-
     # (1) flatten: ratio vs dict, target ours <= 2x.
     label = "`jax.tree.flatten` (ratio vs dict)"
     timings = measure(label, {n: partial(jax.tree.flatten, t) for n, t in trees.items()})
-    targets = dict.fromkeys(ours_target, ("<= 2x dict", 2.0))
+    targets = dict.fromkeys((OURS, OURS_F), ("<= 2x dict", 2.0))
     rows += _rows(label, order, timings, DICT, targets)
 
     # (2) unflatten: ratio vs Equinox, target ours <= 0.75x.
@@ -253,7 +251,7 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
         assert type(rebuilt) is type(trees[name]), name
     cases = {n: partial(jax.tree.unflatten, td, leaves) for n, (leaves, td) in flat.items()}
     timings = measure(label, cases)
-    targets = dict.fromkeys(ours_target, ("<= 0.75x Equinox", 0.75))
+    targets = dict.fromkeys((OURS, OURS_F), ("<= 0.75x Equinox", 0.75))
     rows += _rows(label, order, timings, EQX, targets)
 
     # (3) jit dispatch: per-call time of jax.jit(f)(tree, x); ratio vs dict, target ours <= 1.2x.
@@ -268,7 +266,7 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
     for name, call in calls.items():
         np.testing.assert_array_equal(np.asarray(call()), expected, err_msg=name)
     timings = measure(label, calls)
-    targets = dict.fromkeys(ours_target, ("<= 1.2x dict", 1.2))
+    targets = dict.fromkeys((OURS, OURS_F), ("<= 1.2x dict", 1.2))
     notes = {EQX + ": eqx.filter_jit": "reference", NNX + ": nnx.jit": "reference"}
     names = [*order, EQX + ": eqx.filter_jit", NNX + ": nnx.jit"]
     rows += _rows(label, names, timings, DICT, targets, notes)
@@ -341,19 +339,18 @@ def report(rows: list[Row], timings: dict, header: list[str], settings: Settings
         f"- Each time is the median per-call time over {settings.repeat} repeats; each repeat "
         f"times a loop of N calls, N set so that a loop lasts about {settings.repeat_s * 1e3:g} "
         f"ms (at least {fewest} calls per case in all). Repeats of the cases of one measurement "
-        "are interleaved.",
+        "are interleaved, in a rotating order.",
         "",
         "These figures come from one run on the machine stated above. Absolute times vary "
         "between machines and runs; the ratios within one measurement are the figures to "
-        "compare. Targets are those of the performance contract in DESIGN.md.",
+        "compare. Targets are those of the performance contract (see docs/benchmarks.md).",
         "",
         markdown_table(rows),
         "",
         f"Largest interquartile range of any row: {spread:.1%} of its median ({widest}).",
         "",
-        "Targets missed: "
-        + (", ".join(f"{r.measurement}: {r.implementation}" for r in missed) or "none")
-        + ".",
+        "Targets missed:" + ("" if missed else " none."),
+        *(f"- {r.implementation}, {r.measurement}: {r.ratio:.3f}x ({r.target})" for r in missed),
     ]
     return "\n".join(lines) + "\n"
 

@@ -38,3 +38,12 @@ def test_attribute_set_behind_the_modules_back():
 def test_check_module_rejects_non_modules():
     with pytest.raises(TypeError, match="expects a Module"):
         check_module({"a": 1})
+
+
+def test_leaves_changed_behind_the_modules_back():
+    inner = Inner()
+    inner.__dict__["w"] = jnp.zeros(1)
+    with pytest.raises(ValueError, match="out of step"):
+        check_module(inner)
+    inner.w = jnp.zeros(1)  # a normal assignment brings them back in step
+    check_module(inner)

@@ -82,3 +82,21 @@ def test_vmapped_argument_can_be_mutated():
     counter = Counter()
     counter.count = jnp.arange(3)
     assert f(counter).tolist() == [0, 2, 4]
+
+
+@pytest.mark.parametrize("public_api_only", [False, True])
+def test_trace_tokens_tell_traces_apart(public_api_only):
+    from pytree_module._trace import make_current_trace_token, trace_state
+
+    token = make_current_trace_token(None if public_api_only else trace_state)
+    outside = token()
+    assert token() == outside
+    seen = []
+
+    @jax.jit
+    def f(x):
+        seen.append(token() == outside)
+        return x
+
+    f(1.0)
+    assert seen == [False]

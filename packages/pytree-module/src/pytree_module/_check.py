@@ -58,9 +58,15 @@ def _check_module_attributes(module: Module, path: str, seen: set[int]) -> None:
         for name, value in repr_items(module):
             _check(value, f"{path}.{name}", seen)
         return
-    layout = module._pm_aux.layout
+    layout = module._pm_flat[1].layout
     values = module.__dict__
     known = set(layout.data_keys) | set(layout.static_keys)
+    if any(a is not b for a, b in zip(module._pm_flat[0], layout.get_data(values), strict=True)):
+        raise ValueError(
+            f"The leaves of {cls.__name__} (at {path or 'the top'}) are out of step with its "
+            "attributes: an attribute was changed without going through assignment "
+            "(e.g. via __dict__ or object.__setattr__). Assign attributes normally."
+        )
     for name in canonical_order(cls, values):
         here = f"{path}.{name}"
         value = values[name]

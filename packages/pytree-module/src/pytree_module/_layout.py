@@ -3,37 +3,34 @@
 A `Layout` is interned per (class, attribute names, statuses) and carries generated code
 to read an instance's leaves and to rebuild an instance without running `__init__`.
 
-The treedef entry of a Module (JAX's "aux data") is a `TreedefEntry`: a `functools.partial`
-of the layout's builder over the static values, interned per (layout, static values). So
-equal structures share one entry object, and the two operations JAX performs on every
-`jax.jit` call and every unflatten stay in C: hashing and comparing the entry is by
-identity, and unflattening calls the entry (`operator.call(entry, children)`).
+The treedef entry of a Module (JAX's "aux data") is a *builder*: a function, interned per
+(layout, static values), that rebuilds the Module from its leaves, with the static values
+held in its closure. Equal structures share one builder, so the two operations JAX performs
+on every `jax.jit` call and every unflatten are as cheap as they can be: hashing and
+comparing the entry is by identity, in C, and unflattening calls the entry directly
+(`operator.call(entry, children)`).
 """
 
 import copy
-import functools
 import operator
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from jax.tree_util import GetAttrKey
 
 from ._status import freeze
 from ._trace import current_trace_token, trace_state
 
+# A builder: `entry(children) -> module`, with attributes `layout`, `statics`, `get_data`.
+TreedefEntry = Callable[[Sequence[Any]], Any]
 
-class TreedefEntry(functools.partial):
-    """A Module's entry in its treedef; calling it with the leaves rebuilds the Module."""
 
-    __slots__ = ("get_data", "layout", "statics")
+class SlotSetters(NamedTuple):
+    """Setters of the Module slots that rebuilt instances fill in."""
 
-    def __repr__(self) -> str:
-        layout = self.layout
-        shown = ", ".join(
-            f"{k}={v!r}" for k, v in zip(layout.static_keys, self.statics, strict=True)
-        )
-        return f"{layout.cls.__name__}({shown})" if shown else layout.cls.__name__
+    flat: Callable[[Any, tuple[Sequence[Any], TreedefEntry]], None]
+    trace: Callable[[Any, Any], None]
 
 
 class Layout:
@@ -41,7 +38,7 @@ class Layout:
 
     __slots__ = (
         "_entries",
-        "build",
+        "_make_entry",
         "cls",
         "data_keys",
         "get_data",
@@ -57,8 +54,7 @@ class Layout:
         data_keys: tuple[str, ...],
         static_keys: tuple[str, ...],
         unhashable: tuple[bool, ...],
-        set_entry: Callable[[Any, Any], None],
-        set_trace: Callable[[Any, Any], None],
+        setters: "SlotSetters",
     ):
         self.cls = cls
         self.data_keys = data_keys
@@ -66,8 +62,8 @@ class Layout:
         self.unhashable = unhashable
         self.key_entries = tuple(GetAttrKey(k) for k in data_keys)
         self.get_data = _make_getter(data_keys)
-        self.build = _make_builder(
-            cls, order, data_keys, static_keys, unhashable, set_entry, set_trace
+        self._make_entry = _make_entry_factory(
+            cls, order, data_keys, static_keys, unhashable, setters
         )
         self._entries: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
@@ -87,12 +83,12 @@ class Layout:
         key = tuple((type(v), freeze(v)) for v in statics)
         found = self._entries.get(key)
         if found is None:
-            box: list[Any] = [None, statics]
-            found = TreedefEntry(self.build, box)
+            found = self._make_entry(statics)
             found.layout = self
             found.statics = statics
             found.get_data = self.get_data
-            box[0] = found
+            shown = ", ".join(f"{k}={v!r}" for k, v in zip(self.static_keys, statics, strict=True))
+            found.__name__ = found.__qualname__ = f"{self.cls.__name__}({shown})"
             self._entries[key] = found
         return found
 
@@ -109,46 +105,54 @@ def _make_getter(keys: tuple[str, ...]) -> Callable[[dict], tuple]:
     return lambda d: ()
 
 
-def _make_builder(
+def _make_entry_factory(
     cls: type,
     order: Sequence[str],
     data_keys: tuple[str, ...],
     static_keys: tuple[str, ...],
     unhashable: tuple[bool, ...],
-    set_entry: Callable[[Any, Any], None],
-    set_trace: Callable[[Any, Any], None],
-) -> Callable[[list, Sequence[Any]], Any]:
-    """Generate `build(box, children)`, making an instance without running `__init__`.
+    setters: "SlotSetters",
+) -> Callable[[tuple], TreedefEntry]:
+    """Generate `factory(statics) -> build`, where `build(children)` rebuilds a module.
 
-    `box` is `[treedef entry, static values]`. Straight-line code storing each attribute
-    by name is about twice as fast as a generic loop; unflattening is on the hot path of
-    every transform's outputs. The current trace is recorded for the trace-level guard.
+    Code is generated once per layout; each set of static values only makes a closure.
+    Straight-line code storing each attribute by name is about twice as fast as a generic
+    loop, and unflattening is on the hot path of every transform's outputs. The current
+    trace is recorded for the trace-level guard.
     """
     data_index = {k: i for i, k in enumerate(data_keys)}
     static_index = {k: i for i, k in enumerate(static_keys)}
-    lines = ["def build(box, children):", "    obj = new(cls)", "    d = obj.__dict__"]
+    lines = ["def factory(statics):"]
     if static_keys:
-        lines.append("    statics = box[1]")
+        names = ", ".join(f"s{i}" for i in range(len(static_keys)))
+        lines.append(f"    ({names},) = statics")
+    lines += ["    def build(children):", "        obj = new(cls)", "        d = obj.__dict__"]
     for key in order:
         if key in data_index:
-            lines.append(f"    d[{key!r}] = children[{data_index[key]}]")
+            value = f"children[{data_index[key]}]"
         else:
             i = static_index[key]
-            value = f"statics[{i}]"
-            lines.append(f"    d[{key!r}] = {f'copy({value})' if unhashable[i] else value}")
+            value = f"copy(s{i})" if unhashable[i] else f"s{i}"
+        lines.append(f"        d[{key!r}] = {value}")
     token = "trace_state.value" if trace_state is not None else "token()"
-    lines += ["    set_entry(obj, box[0])", f"    set_trace(obj, {token})", "    return obj"]
+    lines += [
+        "        set_flat(obj, (children, build))",
+        f"        set_trace(obj, {token})",
+        "        return obj",
+        "    return build",
+    ]
     namespace = {
         "new": object.__new__,
         "copy": copy.copy,
         "cls": cls,
-        "set_entry": set_entry,
-        "set_trace": set_trace,
+        "set_flat": setters.flat,
+        "set_trace": setters.trace,
         "token": current_trace_token,
         "trace_state": trace_state,
     }
+    # The generated source is built from attribute names only (see the lines above).
     exec("\n".join(lines), namespace)
-    return namespace["build"]
+    return namespace["factory"]
 
 
 _LAYOUTS: dict[tuple, Layout] = {}
@@ -159,8 +163,7 @@ def get_layout(
     order: Sequence[str],
     data: Sequence[bool],
     unhashable: Sequence[bool],
-    set_entry: Callable[[Any, Any], None],
-    set_trace: Callable[[Any, Any], None],
+    setters: "SlotSetters",
 ) -> Layout:
     """Return the interned layout for attributes `order` with these statuses."""
     key = (cls, tuple(order), tuple(data), tuple(unhashable))
@@ -169,6 +172,6 @@ def get_layout(
         data_keys = tuple(k for k, d in zip(order, data, strict=True) if d)
         static_keys = tuple(k for k, d in zip(order, data, strict=True) if not d)
         static_unhashable = tuple(u for u, d in zip(unhashable, data, strict=True) if not d)
-        layout = Layout(cls, order, data_keys, static_keys, static_unhashable, set_entry, set_trace)
+        layout = Layout(cls, order, data_keys, static_keys, static_unhashable, setters)
         _LAYOUTS[key] = layout
     return layout

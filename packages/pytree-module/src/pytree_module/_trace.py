@@ -24,9 +24,9 @@ def _find_trace_state() -> Any:
 trace_state = _find_trace_state()
 
 
-def _make_current_trace_token() -> Callable[[], Any]:
-    """Pick the cheapest way this JAX version offers to identify the current trace."""
-    if trace_state is None:
+def make_current_trace_token(state: Any) -> Callable[[], Any]:
+    """Pick the cheapest way to identify the current trace (`state` from `_find_trace_state`)."""
+    if state is None:
         from jax.extend.core import get_opaque_trace_state
 
         def current_trace_token() -> Any:
@@ -34,15 +34,13 @@ def _make_current_trace_token() -> Callable[[], Any]:
 
         return current_trace_token
 
-    state = trace_state
-
     def current_trace_token() -> Any:
         return state.value
 
     return current_trace_token
 
 
-current_trace_token = _make_current_trace_token()
+current_trace_token = make_current_trace_token(trace_state)
 current_trace_token.__doc__ = "Return a token that compares equal only for the same JAX trace."
 
 
