@@ -567,3 +567,13 @@ def test_flattening_during_init_is_a_clear_error():
 
     with pytest.raises(ValueError, match="still running its __init__"):
         Early()
+
+
+def test_arrays_put_into_a_forced_static_value_during_init():
+    class Foo(Module):
+        def __init__(self):
+            self.ls = static([])
+            self.ls.append(jnp.ones(1))
+
+    with pytest.raises(ValueError, match="'ls' of Foo is static but its value holds arrays"):
+        Foo()

@@ -20,7 +20,7 @@ def check_module(module: Module) -> None:
     Returns:
         None. Raises `ValueError` naming the path of the offending attribute.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from pytree_module import Module, check_module, static
         >>> class Foo(Module):

@@ -16,7 +16,7 @@ class List(list):
     keeps an attribute data when it starts empty (`self.layers = List()`) and is filled
     after `__init__`.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from pytree_module import List
         >>> jax.tree.leaves(List([jnp.zeros(2), 1.0]))
@@ -35,7 +35,7 @@ class Dict(dict):
 
     Flattens like a plain dict (keys sorted, leaves in key order).
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from pytree_module import Dict
         >>> jax.tree.leaves(Dict(b=2.0, a=jnp.zeros(1)))

@@ -41,7 +41,7 @@ def field(
     Returns:
         A `dataclasses.Field` to assign as the class attribute's value.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from pytree_module import Module, field
         >>> class Scale(Module):

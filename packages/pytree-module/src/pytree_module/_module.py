@@ -173,7 +173,7 @@ class Module(metaclass=_ModuleMeta):
     Mutating a Module from inside a JAX trace other than the one it was created in raises
     `TraceContextError`. Modules hash and compare by identity; use `tree_equal` for values.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from pytree_module import Module
         >>> class Linear(Module):

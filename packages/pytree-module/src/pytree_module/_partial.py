@@ -20,7 +20,7 @@ class Partial(Module):
         *args: leading positional arguments to bind.
         **kwargs: keyword arguments to bind.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from pytree_module import Partial
         >>> add = Partial(jnp.add, jnp.ones(2))

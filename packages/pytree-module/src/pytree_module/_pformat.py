@@ -31,7 +31,7 @@ def tree_pformat(tree: Any, *, width: int = 80, indent: int = 2, short_arrays: b
     Returns:
         The formatted text.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from pytree_module import tree_pformat
         >>> tree_pformat({"w": jnp.zeros((3, 4)), "n": 2})
@@ -55,7 +55,7 @@ def tree_pprint(tree: Any, *, width: int = 80, indent: int = 2, short_arrays: bo
         indent: spaces per nesting level.
         short_arrays: show arrays as `dtype[shape]` instead of their values.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from pytree_module import tree_pprint
         >>> tree_pprint([jnp.ones(2, dtype=jnp.int32), "x"])

@@ -29,7 +29,7 @@ def register_data_type(cls: type) -> type:
     Returns:
         `cls` itself, so this works as a class decorator.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from pytree_module import is_data, register_data_type
         >>> @register_data_type
@@ -60,7 +60,7 @@ def is_data(x: Any) -> bool:
     Returns:
         `True` if `x` would be a pytree child, `False` if it would live in the treedef.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from pytree_module import is_data
         >>> is_data(jnp.zeros(3)), is_data([1, jnp.zeros(3)]), is_data(42), is_data("hi")
@@ -140,7 +140,7 @@ def data(value: Any = _NO_VALUE, /, **field_kwargs: Any) -> Any:
     Returns:
         A wrapper that Module assignment unwraps, or a `dataclasses.Field`.
 
-    Example:
+    Examples:
         >>> import jax
         >>> from pytree_module import Module, data
         >>> class Counter(Module):
@@ -166,7 +166,7 @@ def static(value: Any = _NO_VALUE, /, **field_kwargs: Any) -> Any:
     Returns:
         A wrapper that Module assignment unwraps, or a `dataclasses.Field`.
 
-    Example:
+    Examples:
         >>> import jax
         >>> from pytree_module import Module, static
         >>> class Shapes(Module):

@@ -44,7 +44,7 @@ def tree_at(
     Returns:
         The updated copy.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from pytree_module import tree_at
         >>> tree = {"a": jnp.zeros(2), "b": [1, 2]}

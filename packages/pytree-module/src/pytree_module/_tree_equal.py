@@ -24,7 +24,7 @@ def tree_equal(*trees: Any, rtol: float = 0.0, atol: float = 0.0) -> bool | jax.
     Returns:
         `True`/`False`, or a scalar boolean array when tracers are involved.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from pytree_module import tree_equal
         >>> tree_equal({"a": jnp.ones(2)}, {"a": jnp.ones(2)})
