@@ -1,8 +1,20 @@
-"""Predicates, filter/partition/combine and composable filter objects for JAX pytrees.
-
-This package will hold predicates (`is_array`, `is_inexact_array`, ...), `filter`, `partition` and
-`combine`, and small composable filter objects (`OfType`, `PathContains`, `Any`, `All`, `Not`,
-...). DESIGN.md describes the planned public API.
-"""
+"""pytree_filter: predicates, filter/partition/combine and composable filter objects."""
 
 from .__about__ import __version__ as __version__
+from ._filters import All as All
+from ._filters import Any as Any
+from ._filters import Everything as Everything
+from ._filters import Filter as Filter
+from ._filters import Not as Not
+from ._filters import Nothing as Nothing
+from ._filters import OfType as OfType
+from ._filters import PathContains as PathContains
+from ._filters import to_predicate as to_predicate
+from ._partition import combine as combine
+from ._partition import filter as filter
+from ._partition import partition as partition
+from ._paths import path_keys as path_keys
+from ._predicates import is_array as is_array
+from ._predicates import is_array_like as is_array_like
+from ._predicates import is_inexact_array as is_inexact_array
+from ._predicates import is_inexact_array_like as is_inexact_array_like

@@ -1,0 +1,319 @@
+"""Filter objects: small, hashable, composable predicates that see `(path, value)`."""
+
+import builtins
+from collections.abc import Callable, Hashable
+from typing import Any as AnyType
+
+from ._paths import Path
+
+
+class Filter:
+    """Base class of filter objects.
+
+    A filter object is called as `filter(path, value) -> bool`, where `path` is the tuple of
+    plain keys leading to `value` (see `path_keys`). Filters compose with `&`, `|` and `~`.
+    Subclass it to write your own: implement `__call__`, and keep instances hashable.
+
+    Examples:
+        >>> from pytree_filter import Filter, filter
+        >>> class Deep(Filter):
+        ...     def __call__(self, path, value):
+        ...         return len(path) > 1
+        ...     def __eq__(self, other):
+        ...         return type(other) is Deep
+        ...     def __hash__(self):
+        ...         return hash(Deep)
+        >>> filter({"a": 1, "b": {"c": 2}}, Deep())
+        {'a': None, 'b': {'c': 2}}
+    """
+
+    __slots__ = ()
+
+    #: Whether `__call__` reads `path`; when no filter does, paths are not computed.
+    needs_path: bool = True
+
+    def __call__(self, path: Path, value: AnyType) -> bool:
+        raise NotImplementedError
+
+    def leaf_types(self) -> tuple[type, ...]:
+        """Types whose instances count as leaves (flattening stops there) for this filter."""
+        return ()
+
+    def __and__(self, other: AnyType) -> "All":
+        return All(self, other)
+
+    def __or__(self, other: AnyType) -> "Any":
+        return Any(self, other)
+
+    def __invert__(self) -> "Not":
+        return Not(self)
+
+
+class _Value(Filter):
+    """Shared machinery of filter objects defined by a tuple of fields."""
+
+    __slots__ = ()
+    _fields: tuple[str, ...] = ()
+
+    def _key(self) -> tuple[AnyType, ...]:
+        return tuple(getattr(self, f) for f in self._fields)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other._key() == self._key()
+
+    def __hash__(self) -> int:
+        return hash((type(self), self._key()))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(repr(v) for v in self._key())})"
+
+    def __setattr__(self, name: str, value: AnyType) -> None:
+        raise AttributeError(f"{type(self).__name__} filters are immutable.")
+
+
+def _init(obj: Filter, **values: AnyType) -> None:
+    for name, value in values.items():
+        object.__setattr__(obj, name, value)
+
+
+class Everything(_Value):
+    """Matches every leaf. `...` in a filter means `Everything()`.
+
+    Examples:
+        >>> from pytree_filter import Everything, filter
+        >>> filter([1, "a"], Everything())
+        [1, 'a']
+    """
+
+    __slots__ = ()
+    needs_path = False
+
+    def __call__(self, path: Path, value: AnyType) -> bool:
+        return True
+
+
+class Nothing(_Value):
+    """Matches no leaf.
+
+    Examples:
+        >>> from pytree_filter import Nothing, filter
+        >>> filter([1, "a"], Nothing())
+        [None, None]
+    """
+
+    __slots__ = ()
+    needs_path = False
+
+    def __call__(self, path: Path, value: AnyType) -> bool:
+        return False
+
+
+class OfType(_Value):
+    """Matches leaves that are instances of `type_`; a bare type in a filter means this.
+
+    Instances of `type_` also count as leaves: flattening stops at them, so filtering by a
+    pytree node type (a Variable type, a Module class) selects whole nodes.
+
+    Arguments:
+        type_: a class, or a tuple of classes.
+
+    Examples:
+        >>> from pytree_filter import OfType, filter
+        >>> filter({"a": 1, "b": "x", "c": 2.0}, OfType(int))
+        {'a': 1, 'b': None, 'c': None}
+    """
+
+    __slots__ = ("type",)
+    _fields = ("type",)
+    needs_path = False
+
+    def __init__(self, type_: type | tuple[type, ...]):
+        types = type_ if isinstance(type_, tuple) else (type_,)
+        if not types or not all(isinstance(t, type) for t in types):
+            raise TypeError(f"OfType expects a class or a tuple of classes, got {type_!r}.")
+        _init(self, type=type_)
+
+    def __call__(self, path: Path, value: AnyType) -> bool:
+        return isinstance(value, self.type)
+
+    def leaf_types(self) -> tuple[type, ...]:
+        return self.type if isinstance(self.type, tuple) else (self.type,)
+
+
+class PathContains(_Value):
+    """Matches leaves whose path contains `key` as one whole entry.
+
+    Paths are plain keys: attribute names, dict keys and sequence indices, so
+    `PathContains("bias")` matches `.layers[0].bias` and `{"bias": ...}` alike, but not
+    `.bias_scale`.
+
+    Arguments:
+        key: an attribute name, dict key or index.
+
+    Examples:
+        >>> from pytree_filter import PathContains, filter
+        >>> filter({"w": 1, "b": {"bias": 2}}, PathContains("bias"))
+        {'b': {'bias': 2}, 'w': None}
+    """
+
+    __slots__ = ("key",)
+    _fields = ("key",)
+
+    def __init__(self, key: Hashable):
+        try:
+            hash(key)
+        except TypeError:
+            raise TypeError(f"PathContains expects a hashable key, got {key!r}.") from None
+        _init(self, key=key)
+
+    def __call__(self, path: Path, value: AnyType) -> bool:
+        return self.key in path
+
+
+class _Combination(_Value):
+    __slots__ = ("filters",)
+    _fields = ("filters",)
+
+    def __init__(self, *filters: AnyType):
+        converted = tuple(as_filter(f) for f in filters)
+        _init(self, filters=converted)
+        object.__setattr__(self, "needs_path", builtins.any(f.needs_path for f in converted))
+
+    def leaf_types(self) -> tuple[type, ...]:
+        return tuple(t for f in self.filters for t in f.leaf_types())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(repr(f) for f in self.filters)})"
+
+
+class Any(_Combination):
+    """Matches leaves that match at least one of `filters` (`f | g` is `Any(f, g)`).
+
+    Arguments:
+        *filters: filters of any accepted kind (types, predicates, filter objects, ...).
+
+    Examples:
+        >>> from pytree_filter import Any, PathContains, filter
+        >>> filter({"a": 1, "b": "x", "c": 2.0}, Any(int, PathContains("c")))
+        {'a': 1, 'b': None, 'c': 2.0}
+    """
+
+    __slots__ = ("needs_path",)
+
+    def __call__(self, path: Path, value: AnyType) -> bool:
+        return builtins.any(f(path, value) for f in self.filters)
+
+
+class All(_Combination):
+    """Matches leaves that match every one of `filters` (`f & g` is `All(f, g)`).
+
+    Arguments:
+        *filters: filters of any accepted kind.
+
+    Examples:
+        >>> from pytree_filter import All, PathContains, filter
+        >>> filter({"a": 1, "b": 2.0}, All(float, PathContains("b")))
+        {'a': None, 'b': 2.0}
+    """
+
+    __slots__ = ("needs_path",)
+
+    def __call__(self, path: Path, value: AnyType) -> bool:
+        return builtins.all(f(path, value) for f in self.filters)
+
+
+class Not(_Value):
+    """Matches leaves that `filter_` does not match (`~f` is `Not(f)`).
+
+    Arguments:
+        filter_: a filter of any accepted kind.
+
+    Examples:
+        >>> from pytree_filter import Not, filter
+        >>> filter({"a": 1, "b": "x"}, Not(str))
+        {'a': 1, 'b': None}
+    """
+
+    __slots__ = ("filter", "needs_path")
+    _fields = ("filter",)
+
+    def __init__(self, filter_: AnyType):
+        converted = as_filter(filter_)
+        _init(self, filter=converted, needs_path=converted.needs_path)
+
+    def __call__(self, path: Path, value: AnyType) -> bool:
+        return not self.filter(path, value)
+
+    def leaf_types(self) -> tuple[type, ...]:
+        return self.filter.leaf_types()
+
+
+class _LeafPredicate(_Value):
+    """A plain `f(leaf) -> bool` predicate, as a filter object."""
+
+    __slots__ = ("predicate",)
+    _fields = ("predicate",)
+    needs_path = False
+
+    def __init__(self, predicate: Callable[[AnyType], AnyType]):
+        _init(self, predicate=predicate)
+
+    def __call__(self, path: Path, value: AnyType) -> bool:
+        return bool(self.predicate(value))
+
+    def __repr__(self) -> str:
+        return getattr(self.predicate, "__name__", repr(self.predicate))
+
+
+_EVERYTHING = Everything()
+_NOTHING = Nothing()
+
+
+def as_filter(spec: AnyType) -> Filter:
+    """Convert one filter (not a prefix pytree) to a filter object."""
+    if isinstance(spec, Filter):
+        return spec
+    if isinstance(spec, bool):
+        return _EVERYTHING if spec else _NOTHING
+    if spec is Ellipsis:
+        return _EVERYTHING
+    if isinstance(spec, type):
+        return OfType(spec)
+    if isinstance(spec, str):
+        raise TypeError(
+            f"The string {spec!r} is not a filter. To select leaves by attribute or key "
+            f"name, use PathContains({spec!r})."
+        )
+    if callable(spec):
+        return _LeafPredicate(spec)
+    raise TypeError(
+        f"Unsupported filter {spec!r} of type {type(spec).__name__}. A filter is one of: "
+        "True or False; a predicate `f(leaf) -> bool` such as `is_array`; a type (its "
+        "instances are selected whole); `...` (everything); a filter object (OfType, "
+        "PathContains, Any, All, Not, Everything, Nothing); and, for filter/partition, a "
+        "prefix pytree of those."
+    )
+
+
+def to_predicate(filter_: AnyType) -> Callable[[Path, AnyType], bool]:
+    """Turn any filter into a `(path, value) -> bool` predicate.
+
+    This is the one conversion every consumer of filters uses: library code that accepts
+    user filters calls it once and then tests leaves with their paths.
+
+    Arguments:
+        filter_: `True`/`False`, a leaf predicate `f(leaf)`, a type, `...`, or a filter
+            object.
+
+    Returns:
+        A filter object, called as `predicate(path, value)`. Its `leaf_types()` says which
+        types to treat as leaves when flattening.
+
+    Examples:
+        >>> from pytree_filter import to_predicate, is_array
+        >>> import jax.numpy as jnp
+        >>> predicate = to_predicate(is_array)
+        >>> predicate(("layers", 0), jnp.ones(2)), predicate(("name",), "mlp")
+        (True, False)
+    """
+    return as_filter(filter_)

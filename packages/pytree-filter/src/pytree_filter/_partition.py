@@ -1,0 +1,308 @@
+"""`filter`, `partition` and `combine`: split a pytree by filters and put it back together."""
+
+import builtins
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax.tree_util import PyTreeDef
+
+from ._filters import Filter, _LeafPredicate, as_filter
+from ._paths import path_keys
+
+IsLeaf = Callable[[Any], bool] | None
+
+
+def _is_spec_leaf(x: Any) -> bool:
+    return isinstance(x, Filter | type | bool) or x is Ellipsis
+
+
+class _Spec:
+    """One filter spec, converted: its filter objects and the prefix structure they cover."""
+
+    __slots__ = ("filters", "prefix")
+
+    def __init__(self, spec: Any):
+        if spec is None:
+            raise TypeError(
+                "None is not a filter. Pass True/False, a predicate such as `is_array`, a "
+                "type, `...`, a filter object, or a prefix pytree of those."
+            )
+        leaves, prefix = jax.tree.flatten(spec, is_leaf=_is_spec_leaf)
+        # A single filter (the common case) needs no prefix matching.
+        self.prefix: PyTreeDef | None = (
+            None if jax.tree_util.treedef_is_leaf(prefix) and leaves else prefix
+        )
+        self.filters = [as_filter(leaf) for leaf in leaves]
+
+    def leaf_types(self) -> tuple[type, ...]:
+        return tuple(t for f in self.filters for t in f.leaf_types())
+
+    def needs_path(self) -> bool:
+        return builtins.any(f.needs_path for f in self.filters)
+
+
+def _leaf_test(is_leaf: IsLeaf, types: tuple[type, ...]) -> IsLeaf:
+    if not types:
+        return is_leaf
+    if is_leaf is None:
+        return lambda x: isinstance(x, types)
+    return lambda x: isinstance(x, types) or is_leaf(x)
+
+
+def _masks(
+    spec: _Spec,
+    tree: Any,
+    leaves: list[Any],
+    paths: list[tuple[Any, ...]] | None,
+    leaf_test: IsLeaf,
+) -> list[bool]:
+    """For each leaf of `tree`, whether `spec` selects it."""
+    if spec.prefix is None:
+        (f,) = spec.filters
+        if not f.needs_path:
+            if isinstance(f, _LeafPredicate):
+                # The common case (`is_array` and friends): no path, no wrapper call.
+                return [bool(m) for m in map(f.predicate, leaves)]
+            return [bool(f((), x)) for x in leaves]
+        return [bool(f(p, x)) for p, x in zip(paths, leaves, strict=True)]
+    try:
+        subtrees = spec.prefix.flatten_up_to(tree)
+    except (ValueError, TypeError):
+        raise ValueError(_divergence_message(spec.prefix, tree)) from None
+    masks: list[bool] = []
+    start = 0
+    for f, subtree in zip(spec.filters, subtrees, strict=True):
+        count = len(jax.tree.leaves(subtree, is_leaf=leaf_test))
+        stop = start + count
+        if paths is None:
+            masks.extend(bool(f((), x)) for x in leaves[start:stop])
+        else:
+            masks.extend(
+                bool(f(p, x)) for p, x in zip(paths[start:stop], leaves[start:stop], strict=True)
+            )
+        start = stop
+    return masks
+
+
+def _flatten(tree: Any, specs: Sequence[_Spec], is_leaf: IsLeaf):
+    types = tuple(t for s in specs for t in s.leaf_types())
+    leaf_test = _leaf_test(is_leaf, types)
+    if builtins.any(s.needs_path() for s in specs):
+        with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=leaf_test)
+        paths = [path_keys(p) for p, _ in with_paths]
+        leaves = [x for _, x in with_paths]
+    else:
+        leaves, treedef = jax.tree.flatten(tree, is_leaf=leaf_test)
+        paths = None
+    return leaves, paths, treedef, leaf_test
+
+
+def filter(
+    pytree: Any,
+    filter_spec: Any,
+    inverse: bool = False,
+    replace: Any = None,
+    is_leaf: IsLeaf = None,
+) -> Any:
+    """Keep the leaves of `pytree` selected by `filter_spec`; replace the others.
+
+    Arguments:
+        pytree: any pytree.
+        filter_spec: `True`/`False`, a leaf predicate `f(leaf) -> bool` (e.g. `is_array`),
+            a type, `...`, a filter object, or a prefix pytree of those: each filter in the
+            prefix applies to every leaf of the matching subtree of `pytree`.
+        inverse: keep the leaves that are *not* selected instead.
+        replace: the value put in place of dropped leaves.
+        is_leaf: treat matching subtrees as leaves, as in `jax.tree.flatten`.
+
+    Returns:
+        A pytree of the same structure.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_filter import filter, is_array
+        >>> filter({"w": jnp.ones(2), "act": "relu"}, is_array)
+        {'act': None, 'w': Array([1., 1.], dtype=float32)}
+        >>> filter([1, 2, (3, 4)], [True, False, False])
+        [1, None, (None, None)]
+    """
+    spec = _Spec(filter_spec)
+    leaves, paths, treedef, leaf_test = _flatten(pytree, [spec], is_leaf)
+    masks = _masks(spec, pytree, leaves, paths, leaf_test)
+    keep = not inverse
+    return treedef.unflatten(
+        [x if m == keep else replace for x, m in zip(leaves, masks, strict=True)]
+    )
+
+
+def partition(
+    pytree: Any,
+    *filter_specs: Any,
+    replace: Any = None,
+    is_leaf: IsLeaf = None,
+) -> tuple[Any, ...]:
+    """Split `pytree` into one tree per filter spec, plus one for the rest.
+
+    Each leaf goes to the first spec that selects it, or to the rest; everywhere else it is
+    replaced by `replace`. So the trees are disjoint and, with the default `replace=None`,
+    `combine(*partition(tree, ...))` rebuilds `tree`.
+
+    Arguments:
+        pytree: any pytree.
+        *filter_specs: one or more filter specs (see `filter`).
+        replace: the value put in place of leaves that belong to another part.
+        is_leaf: treat matching subtrees as leaves, as in `jax.tree.flatten`.
+
+    Returns:
+        A tuple of `len(filter_specs) + 1` pytrees with the structure of `pytree`.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_filter import partition, is_array, combine
+        >>> tree = {"w": jnp.ones(2), "n": 3, "act": "relu"}
+        >>> arrays, rest = partition(tree, is_array)
+        >>> arrays
+        {'act': None, 'n': None, 'w': Array([1., 1.], dtype=float32)}
+        >>> ints, strings, rest = partition(tree, int, str)
+        >>> strings
+        {'act': 'relu', 'n': None, 'w': None}
+        >>> combine(ints, strings, rest) == tree
+        True
+    """
+    if not filter_specs:
+        raise TypeError("partition needs at least one filter spec: partition(tree, spec, ...).")
+    specs = [_Spec(s) for s in filter_specs]
+    leaves, paths, treedef, leaf_test = _flatten(pytree, specs, is_leaf)
+    if len(specs) == 1:
+        masks = _masks(specs[0], pytree, leaves, paths, leaf_test)
+        return (
+            treedef.unflatten([x if m else replace for x, m in zip(leaves, masks, strict=True)]),
+            treedef.unflatten([replace if m else x for x, m in zip(leaves, masks, strict=True)]),
+        )
+    rest = len(specs)
+    owner = [rest] * len(leaves)
+    for index, spec in enumerate(specs):
+        for i, m in enumerate(_masks(spec, pytree, leaves, paths, leaf_test)):
+            if m and owner[i] == rest:
+                owner[i] = index
+    return tuple(
+        treedef.unflatten([x if o == part else replace for x, o in zip(leaves, owner, strict=True)])
+        for part in range(rest + 1)
+    )
+
+
+def _pick(*values: Any) -> Any:
+    for value in values:
+        if value is not None:
+            return value
+    return None
+
+
+def combine(*pytrees: Any, is_leaf: IsLeaf = None) -> Any:
+    """Merge trees produced by `partition`/`filter`: at each leaf, the first non-`None` value.
+
+    Arguments:
+        *pytrees: trees of one structure, where `None` marks a missing leaf. Where one tree
+            has a whole node (a node type `partition` kept as a leaf, say) and another has
+            `None`, the node is taken.
+        is_leaf: treat matching subtrees as leaves, as in `jax.tree.flatten`.
+
+    Returns:
+        The combined pytree.
+
+    Examples:
+        >>> from pytree_filter import combine
+        >>> combine({"a": 1, "b": None}, {"a": None, "b": 2})
+        {'a': 1, 'b': 2}
+    """
+    if not pytrees:
+        raise TypeError("combine needs at least one pytree.")
+
+    def none_or_leaf(x: Any) -> bool:
+        return x is None or (is_leaf is not None and is_leaf(x))
+
+    flat = [jax.tree.flatten(t, is_leaf=none_or_leaf) for t in pytrees]
+    treedef = flat[0][1]
+    if all(d == treedef for _, d in flat):
+        columns = zip(*(leaves for leaves, _ in flat), strict=True)
+        return treedef.unflatten([_pick(*values) for values in columns])
+    return _combine_nodes(pytrees, none_or_leaf)
+
+
+def _combine_nodes(trees: Sequence[Any], none_or_leaf: Callable[[Any], bool]) -> Any:
+    """Slow path: merge trees whose structures differ where some hold `None`."""
+    present = [t for t in trees if t is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+    first = present[0]
+    if none_or_leaf(first):
+        return first
+    children, treedef = jax.tree_util.tree_flatten(first, is_leaf=lambda x: x is not first)
+    if jax.tree_util.treedef_is_leaf(treedef):
+        return first
+    columns = [children]
+    for other in present[1:]:
+        other_children, other_def = jax.tree_util.tree_flatten(
+            other, is_leaf=lambda x, other=other: x is not other
+        )
+        if other_def != treedef:
+            raise ValueError(
+                "combine: the trees disagree on structure beyond `None` placeholders: "
+                f"{treedef} against {other_def}."
+            )
+        columns.append(other_children)
+    return treedef.unflatten(
+        [_combine_nodes(column, none_or_leaf) for column in zip(*columns, strict=True)]
+    )
+
+
+def _divergence_message(prefix: PyTreeDef, tree: Any) -> str:
+    """Say where a prefix filter spec stops matching `tree`."""
+    spec = prefix.unflatten([_Placeholder()] * prefix.num_leaves)
+    where, detail = _find_divergence(spec, tree, ())
+    location = "".join(_key_text(k) for k in where) or "the top level"
+    return (
+        f"filter_spec does not match the pytree at {location}: {detail}. A prefix filter "
+        "spec must have the pytree's structure down to each of its filters."
+    )
+
+
+class _Placeholder:
+    """Stands for one filter of a prefix spec while comparing structures."""
+
+
+def _find_divergence(spec: Any, tree: Any, path: tuple) -> tuple[tuple, str]:
+    if isinstance(spec, _Placeholder):
+        return path, "no difference found"
+    spec_children, spec_def = jax.tree_util.tree_flatten_with_path(
+        spec, is_leaf=lambda x: x is not spec
+    )
+    tree_children, tree_def = jax.tree_util.tree_flatten_with_path(
+        tree, is_leaf=lambda x: x is not tree
+    )
+    if type(spec) is not type(tree):
+        return path, f"the spec has a {type(spec).__name__}, the pytree a {type(tree).__name__}"
+    spec_keys = [k for k, _ in spec_children]
+    tree_keys = [k for k, _ in tree_children]
+    if spec_keys != tree_keys:
+        shown = [_key_text(k[0]) for k in spec_keys], [_key_text(k[0]) for k in tree_keys]
+        return path, f"the spec has children {shown[0]}, the pytree {shown[1]}"
+    if _node_data(spec_def) != _node_data(tree_def):
+        return path, f"the {type(spec).__name__} nodes differ in their static data"
+    for (key, s), (_, t) in zip(spec_children, tree_children, strict=True):
+        where, detail = _find_divergence(s, t, (*path, key[0]))
+        if detail != "no difference found":
+            return where, detail
+    return path, "no difference found"
+
+
+def _node_data(treedef: PyTreeDef) -> Any:
+    try:
+        return treedef.node_data()
+    except AttributeError:
+        return None
+
+
+def _key_text(key: Any) -> str:
+    return jax.tree_util.keystr((key,))
