@@ -55,3 +55,19 @@ def test_tracers_are_arrays():
 
     f(jnp.ones(2), jnp.ones(2, jnp.int32))
     assert seen == [(True, True, False)]
+
+
+def test_partition_mask_agrees_with_the_predicate_inside_and_outside_traces():
+    from pytree_filter import partition
+
+    tree = [jnp.ones(1), 1.0, "s", np.zeros(1), np.int8(1), None]
+    kept, _ = partition(tree, is_array)
+    assert [x is not None for x in kept] == [True, False, False, True, True, False]
+
+    @jax.jit
+    def f(x):
+        inner, rest = partition([x, 2.0], is_array)
+        assert inner[1] is None and rest[0] is None
+        return inner[0]
+
+    assert f(jnp.ones(2)).shape == (2,)

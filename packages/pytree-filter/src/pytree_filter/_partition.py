@@ -1,6 +1,7 @@
 """`filter`, `partition` and `combine`: split a pytree by filters and put it back together."""
 
 import builtins
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -9,18 +10,33 @@ from jax.tree_util import PyTreeDef
 
 from ._filters import Filter, _LeafPredicate, as_filter
 from ._paths import path_keys
+from ._predicates import leaf_mask
 
 IsLeaf = Callable[[Any], bool] | None
+_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType)
+_converted: dict[Callable[..., Any], "_Spec"] = {}
 
 
 def _is_spec_leaf(x: Any) -> bool:
     return isinstance(x, Filter | type | bool) or x is Ellipsis
 
 
+def _convert(spec: Any) -> "_Spec":
+    """Convert a filter spec, reusing the conversion of plain functions such as `is_array`."""
+    if isinstance(spec, _FUNCTIONS):
+        found = _converted.get(spec)
+        if found is None:
+            if len(_converted) >= 256:
+                _converted.clear()
+            found = _converted[spec] = _Spec(spec)
+        return found
+    return _Spec(spec)
+
+
 class _Spec:
     """One filter spec, converted: its filter objects and the prefix structure they cover."""
 
-    __slots__ = ("filters", "prefix")
+    __slots__ = ("filters", "leaf_types", "needs_path", "predicate", "prefix")
 
     def __init__(self, spec: Any):
         if spec is None:
@@ -34,12 +50,11 @@ class _Spec:
             None if jax.tree_util.treedef_is_leaf(prefix) and leaves else prefix
         )
         self.filters = [as_filter(leaf) for leaf in leaves]
-
-    def leaf_types(self) -> tuple[type, ...]:
-        return tuple(t for f in self.filters for t in f.leaf_types())
-
-    def needs_path(self) -> bool:
-        return builtins.any(f.needs_path for f in self.filters)
+        self.leaf_types = tuple(t for f in self.filters for t in f.leaf_types())
+        self.needs_path = builtins.any(f.needs_path for f in self.filters)
+        # A lone leaf predicate (`is_array` and friends) takes the fast path.
+        single = self.prefix is None and isinstance(self.filters[0], _LeafPredicate)
+        self.predicate = self.filters[0].predicate if single else None
 
 
 def _leaf_test(is_leaf: IsLeaf, types: tuple[type, ...]) -> IsLeaf:
@@ -63,8 +78,8 @@ def _masks(
         if not f.needs_path:
             if isinstance(f, _LeafPredicate):
                 # The common case (`is_array` and friends): no path, no wrapper call.
-                return [bool(m) for m in map(f.predicate, leaves)]
-            return [bool(f((), x)) for x in leaves]
+                return leaf_mask(f.predicate, leaves)
+            return [f((), x) for x in leaves]
         return [bool(f(p, x)) for p, x in zip(paths, leaves, strict=True)]
     try:
         subtrees = spec.prefix.flatten_up_to(tree)
@@ -86,9 +101,8 @@ def _masks(
 
 
 def _flatten(tree: Any, specs: Sequence[_Spec], is_leaf: IsLeaf):
-    types = tuple(t for s in specs for t in s.leaf_types())
-    leaf_test = _leaf_test(is_leaf, types)
-    if builtins.any(s.needs_path() for s in specs):
+    leaf_test = _leaf_test(is_leaf, tuple(t for s in specs for t in s.leaf_types))
+    if builtins.any(s.needs_path for s in specs):
         with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=leaf_test)
         paths = [path_keys(p) for p, _ in with_paths]
         leaves = [x for _, x in with_paths]
@@ -127,13 +141,16 @@ def filter(
         >>> filter([1, 2, (3, 4)], [True, False, False])
         [1, None, (None, None)]
     """
-    spec = _Spec(filter_spec)
-    leaves, paths, treedef, leaf_test = _flatten(pytree, [spec], is_leaf)
-    masks = _masks(spec, pytree, leaves, paths, leaf_test)
-    keep = not inverse
-    return treedef.unflatten(
-        [x if m == keep else replace for x, m in zip(leaves, masks, strict=True)]
-    )
+    spec = _convert(filter_spec)
+    if spec.predicate is not None and is_leaf is None:
+        leaves, treedef = jax.tree.flatten(pytree)
+        masks = leaf_mask(spec.predicate, leaves)
+    else:
+        leaves, paths, treedef, leaf_test = _flatten(pytree, [spec], is_leaf)
+        masks = _masks(spec, pytree, leaves, paths, leaf_test)
+    if inverse:
+        return treedef.unflatten([replace if m else x for x, m in zip(leaves, masks, strict=True)])
+    return treedef.unflatten([x if m else replace for x, m in zip(leaves, masks, strict=True)])
 
 
 def partition(
@@ -172,14 +189,20 @@ def partition(
     """
     if not filter_specs:
         raise TypeError("partition needs at least one filter spec: partition(tree, spec, ...).")
-    specs = [_Spec(s) for s in filter_specs]
-    leaves, paths, treedef, leaf_test = _flatten(pytree, specs, is_leaf)
+    specs = [_convert(s) for s in filter_specs]
     if len(specs) == 1:
-        masks = _masks(specs[0], pytree, leaves, paths, leaf_test)
+        (spec,) = specs
+        if spec.predicate is not None and is_leaf is None:
+            leaves, treedef = jax.tree.flatten(pytree)
+            masks = leaf_mask(spec.predicate, leaves)
+        else:
+            leaves, paths, treedef, leaf_test = _flatten(pytree, specs, is_leaf)
+            masks = _masks(spec, pytree, leaves, paths, leaf_test)
         return (
             treedef.unflatten([x if m else replace for x, m in zip(leaves, masks, strict=True)]),
             treedef.unflatten([replace if m else x for x, m in zip(leaves, masks, strict=True)]),
         )
+    leaves, paths, treedef, leaf_test = _flatten(pytree, specs, is_leaf)
     rest = len(specs)
     owner = [rest] * len(leaves)
     for index, spec in enumerate(specs):
@@ -222,12 +245,17 @@ def combine(*pytrees: Any, is_leaf: IsLeaf = None) -> Any:
     def none_or_leaf(x: Any) -> bool:
         return x is None or (is_leaf is not None and is_leaf(x))
 
-    flat = [jax.tree.flatten(t, is_leaf=none_or_leaf) for t in pytrees]
-    treedef = flat[0][1]
-    if all(d == treedef for _, d in flat):
-        columns = zip(*(leaves for leaves, _ in flat), strict=True)
-        return treedef.unflatten([_pick(*values) for values in columns])
-    return _combine_nodes(pytrees, none_or_leaf)
+    first, treedef = jax.tree.flatten(pytrees[0], is_leaf=none_or_leaf)
+    try:
+        # Where the first tree has a `None` placeholder, the others may hold whole subtrees.
+        others = [treedef.flatten_up_to(t) for t in pytrees[1:]]
+    except (ValueError, TypeError):
+        return _combine_nodes(pytrees, none_or_leaf)
+    if len(others) == 1:
+        picked = [b if a is None else a for a, b in zip(first, others[0], strict=True)]
+    else:
+        picked = [_pick(*values) for values in zip(first, *others, strict=True)]
+    return treedef.unflatten(picked)
 
 
 def _combine_nodes(trees: Sequence[Any], none_or_leaf: Callable[[Any], bool]) -> Any:

@@ -1,15 +1,21 @@
 """Leaf predicates: which leaves are arrays, and which are floating-point arrays."""
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 _SCALAR_TYPES = (bool, int, float, complex)
 _INEXACT_SCALAR_TYPES = (float, complex)
 _inexact_dtypes: dict[Any, bool] = {}
+# Whether a leaf is an array depends only on its type, except for tracers (their abstract
+# value decides), and `isinstance(x, jax.Array)` goes through a costly metaclass check: so
+# the answer is cached per type, tracers never.
+_array_by_type: dict[type, bool] = {}
 
 
 def _is_inexact_dtype(dtype: Any) -> bool:
@@ -38,7 +44,22 @@ def is_array(element: Any) -> bool:
         >>> is_array(jnp.zeros(2)), is_array(np.ones(2)), is_array(1.0)
         (True, True, False)
     """
-    return isinstance(element, _ARRAY_TYPES)
+    known = _array_by_type.get(type(element))
+    if known is None:
+        known = isinstance(element, _ARRAY_TYPES)
+        if not isinstance(element, Tracer):
+            _array_by_type[type(element)] = known
+    return known
+
+
+def leaf_mask(predicate: Callable[[Any], Any], leaves: list[Any]) -> list[Any]:
+    """`predicate` applied to every leaf; for `is_array`, a dict look-up per leaf, no call."""
+    if predicate is is_array:
+        try:
+            return list(map(_array_by_type.__getitem__, map(type, leaves)))
+        except KeyError:  # a type not seen yet, or a tracer
+            pass
+    return list(map(predicate, leaves))
 
 
 def is_array_like(element: Any) -> bool:
@@ -56,9 +77,8 @@ def is_array_like(element: Any) -> bool:
         >>> is_array_like(1), is_array_like(2.5), is_array_like("text")
         (True, True, False)
     """
-    return (
-        isinstance(element, _ARRAY_TYPES + _SCALAR_TYPES)
-        or hasattr(type(element), "__jax_array__")
+    return isinstance(element, _ARRAY_TYPES + _SCALAR_TYPES) or hasattr(
+        type(element), "__jax_array__"
     )
 
 
@@ -79,7 +99,7 @@ def is_inexact_array(element: Any) -> bool:
         >>> is_inexact_array(jnp.zeros(2)), is_inexact_array(jnp.zeros(2, jnp.int32))
         (True, False)
     """
-    return isinstance(element, _ARRAY_TYPES) and _is_inexact_dtype(element.dtype)
+    return is_array(element) and _is_inexact_dtype(element.dtype)
 
 
 def is_inexact_array_like(element: Any) -> bool:

@@ -512,8 +512,3 @@ def repr_items(module: Module) -> list[tuple[str, Any]]:
     values = module.__dict__
     hidden = {f.name for f in cls.__module_fields__ if not f.repr}
     return [(k, values[k]) for k in canonical_order(cls, values) if k not in hidden]
-
-
-def is_initialising(module: Module) -> bool:
-    """Whether `module.__init__` is still running."""
-    return id(module) in _INITIALISING
