@@ -138,3 +138,14 @@ def test_works_with_numpy_and_inside_jit():
     arrays, static = partition(tree, is_array)
     out = combine(f(arrays), static)
     assert out["b"] == "x" and out["a"].tolist() == [2.0, 2.0]
+
+
+def test_flatten_with_mask(box_type):
+    from pytree_filter import flatten_with_mask
+
+    tree = {"p": box_type(jnp.ones(1)), "n": 3, "w": jnp.zeros(1)}
+    leaves, mask, treedef = flatten_with_mask(tree, OfType(box_type))
+    assert leaves[mask.index(True)] is tree["p"]
+    assert treedef.unflatten(leaves) == tree or treedef.unflatten(leaves)["p"] is tree["p"]
+    leaves, mask, _ = flatten_with_mask(tree, {"p": False, "n": True, "w": is_array})
+    assert [bool(m) for m in mask] == [True, False, True]

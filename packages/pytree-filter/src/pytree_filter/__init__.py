@@ -12,6 +12,7 @@ from ._filters import PathContains as PathContains
 from ._filters import to_predicate as to_predicate
 from ._partition import combine as combine
 from ._partition import filter as filter
+from ._partition import flatten_with_mask as flatten_with_mask
 from ._partition import partition as partition
 from ._paths import path_keys as path_keys
 from ._predicates import is_array as is_array

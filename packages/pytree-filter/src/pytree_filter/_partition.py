@@ -112,6 +112,47 @@ def _flatten(tree: Any, specs: Sequence[_Spec], is_leaf: IsLeaf):
     return leaves, paths, treedef, leaf_test
 
 
+def flatten_with_mask(
+    pytree: Any, filter_spec: Any, is_leaf: IsLeaf = None
+) -> tuple[list[Any], list[Any], PyTreeDef]:
+    """Flatten `pytree` and say, leaf by leaf, whether `filter_spec` selects it.
+
+    The building block of `filter` and `partition`, for library code that wants the leaves
+    themselves (to hand the selected ones to a JAX transform, say). Instances of the types of
+    any `OfType` in the spec count as leaves, as everywhere in this package.
+
+    Arguments:
+        pytree: any pytree.
+        filter_spec: a filter spec, as for `filter`.
+        is_leaf: treat matching subtrees as leaves, as in `jax.tree.flatten`.
+
+    Returns:
+        `(leaves, mask, treedef)`: the leaves, one truth value per leaf (true where the
+        spec selects it), and the treedef that `treedef.unflatten(leaves)` rebuilds `pytree`
+        with.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_filter import flatten_with_mask, is_array
+        >>> leaves, mask, treedef = flatten_with_mask({"w": jnp.ones(2), "n": 3}, is_array)
+        >>> mask
+        [False, True]
+        >>> treedef.unflatten(leaves)["n"]
+        3
+    """
+    return _flatten_with_mask(pytree, _convert(filter_spec), is_leaf)
+
+
+def _flatten_with_mask(
+    pytree: Any, spec: _Spec, is_leaf: IsLeaf
+) -> tuple[list[Any], list[Any], PyTreeDef]:
+    if spec.predicate is not None and is_leaf is None:
+        leaves, treedef = jax.tree.flatten(pytree)
+        return leaves, leaf_mask(spec.predicate, leaves), treedef
+    leaves, paths, treedef, leaf_test = _flatten(pytree, [spec], is_leaf)
+    return leaves, _masks(spec, pytree, leaves, paths, leaf_test), treedef
+
+
 def filter(
     pytree: Any,
     filter_spec: Any,
@@ -141,13 +182,7 @@ def filter(
         >>> filter([1, 2, (3, 4)], [True, False, False])
         [1, None, (None, None)]
     """
-    spec = _convert(filter_spec)
-    if spec.predicate is not None and is_leaf is None:
-        leaves, treedef = jax.tree.flatten(pytree)
-        masks = leaf_mask(spec.predicate, leaves)
-    else:
-        leaves, paths, treedef, leaf_test = _flatten(pytree, [spec], is_leaf)
-        masks = _masks(spec, pytree, leaves, paths, leaf_test)
+    leaves, masks, treedef = flatten_with_mask(pytree, filter_spec, is_leaf)
     if inverse:
         return treedef.unflatten([replace if m else x for x, m in zip(leaves, masks, strict=True)])
     return treedef.unflatten([x if m else replace for x, m in zip(leaves, masks, strict=True)])
@@ -191,13 +226,7 @@ def partition(
         raise TypeError("partition needs at least one filter spec: partition(tree, spec, ...).")
     specs = [_convert(s) for s in filter_specs]
     if len(specs) == 1:
-        (spec,) = specs
-        if spec.predicate is not None and is_leaf is None:
-            leaves, treedef = jax.tree.flatten(pytree)
-            masks = leaf_mask(spec.predicate, leaves)
-        else:
-            leaves, paths, treedef, leaf_test = _flatten(pytree, specs, is_leaf)
-            masks = _masks(spec, pytree, leaves, paths, leaf_test)
+        leaves, masks, treedef = _flatten_with_mask(pytree, specs[0], is_leaf)
         return (
             treedef.unflatten([x if m else replace for x, m in zip(leaves, masks, strict=True)]),
             treedef.unflatten([replace if m else x for x, m in zip(leaves, masks, strict=True)]),
