@@ -1,8 +1,16 @@
-"""Filtered JAX transforms (filter_jit, filter_grad, ...) that accept any pytree.
-
-This package will hold filtered transforms: `filter_jit`, `filter_grad`, `filter_value_and_grad`,
-`filter_vmap`, `filter_custom_vjp` and the rest of the family, which accept any pytree and trace
-only its arrays. DESIGN.md describes the planned public API.
-"""
+"""pytree_transforms: JAX transforms for functions of any pytrees (filtered transforms)."""
 
 from .__about__ import __version__ as __version__
+from ._ad import filter_grad as filter_grad
+from ._ad import filter_hessian as filter_hessian
+from ._ad import filter_jacfwd as filter_jacfwd
+from ._ad import filter_jacrev as filter_jacrev
+from ._ad import filter_jvp as filter_jvp
+from ._ad import filter_value_and_grad as filter_value_and_grad
+from ._ad import filter_vjp as filter_vjp
+from ._jit import filter_jit as filter_jit
+from ._shapes import filter_eval_shape as filter_eval_shape
+from ._shapes import filter_make_jaxpr as filter_make_jaxpr
+from ._updates import apply_updates as apply_updates
+from ._vmap import filter_vmap as filter_vmap
+from ._vmap import if_array as if_array

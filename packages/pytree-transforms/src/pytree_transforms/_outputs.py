@@ -1,0 +1,59 @@
+"""Outputs of filtered transforms: traced leaves out through JAX, the rest alongside."""
+
+from typing import Any
+
+import jax
+from jax.tree_util import PyTreeDef
+
+from pytree_filter import flatten_with_mask
+
+
+class StaticOutput:
+    """The non-traced part of a transformed function's output.
+
+    It is a pytree node with no children whose treedef entry is itself, so it travels out of
+    `jax.jit` (or any transform) inside the output's treedef and comes back as the very
+    object that was created while tracing.
+    """
+
+    __slots__ = ("mask", "single", "static", "treedef")
+
+    def __init__(self, treedef: PyTreeDef, mask: list[Any], static: tuple[Any, ...]):
+        self.treedef = treedef
+        self.mask = mask
+        self.static = static
+        # The common case, one array out, is returned without any rebuilding.
+        self.single = treedef.num_leaves == 1 and treedef.num_nodes == 1 and not static
+
+    def rebuild(self, dynamic: list[Any], static_as_none: bool = False) -> Any:
+        """The full output, from its traced leaves (with `None` for the static ones if
+        `static_as_none`, as for tangents)."""
+        if self.single:
+            return dynamic[0]
+        if not self.static:
+            return self.treedef.unflatten(dynamic)
+        static = (None,) * len(self.static) if static_as_none else self.static
+        dynamic_it, static_it = iter(dynamic), iter(static)
+        return self.treedef.unflatten(
+            [next(dynamic_it) if m else next(static_it) for m in self.mask]
+        )
+
+
+jax.tree_util.register_pytree_node(
+    StaticOutput, lambda s: ((), s), lambda s, _: s
+)
+
+
+def split_output(out: Any, out_spec: Any, transform: str) -> tuple[list[Any], StaticOutput]:
+    """Split a traced function's output into traced leaves and a `StaticOutput`."""
+    leaves, mask, treedef = flatten_with_mask(out, out_spec)
+    dynamic = [x for x, m in zip(leaves, mask, strict=True) if m]
+    static = tuple(x for x, m in zip(leaves, mask, strict=True) if not m)
+    for value in static:
+        if isinstance(value, jax.core.Tracer):
+            raise ValueError(
+                f"{transform}: the output holds a tracer where the `out=` filter says static "
+                "(not traced). Mark that part of the output traced in `out=`, or return a "
+                "concrete value there."
+            )
+    return dynamic, StaticOutput(treedef, [bool(m) for m in mask], static)

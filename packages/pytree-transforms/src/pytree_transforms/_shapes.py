@@ -1,0 +1,97 @@
+"""`filter_make_jaxpr` and `filter_eval_shape`: trace functions of any pytrees."""
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from pytree_filter import combine, is_array, partition
+
+from ._outputs import split_output
+
+
+def _is_shaped(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def filter_make_jaxpr(fun: Callable[..., Any]) -> Callable[..., tuple[Any, Any, Any]]:
+    """`jax.make_jaxpr` for functions of any pytrees.
+
+    Leaves with `.shape` and `.dtype` (arrays, `jax.ShapeDtypeStruct`) are traced; all other
+    leaves, Python numbers included, are static.
+
+    Arguments:
+        fun: the function, called as `fun(*args, **kwargs)`.
+
+    Returns:
+        A function that, given example arguments, returns `(jaxpr, out_shapes, out_static)`:
+        the `ClosedJaxpr`, a pytree of `jax.ShapeDtypeStruct` for the array outputs (`None`
+        elsewhere), and a pytree of the non-array outputs (`None` for arrays).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_transforms import filter_make_jaxpr
+        >>> jaxpr, shapes, static = filter_make_jaxpr(lambda x, n: (x * n, "tag"))(jnp.ones(3), 2)
+        >>> shapes
+        (ShapeDtypeStruct(shape=(3,), dtype=float32), None)
+        >>> static
+        (None, 'tag')
+    """
+
+    @functools.wraps(fun)
+    def make_jaxpr(*args: Any, **kwargs: Any) -> tuple[Any, Any, Any]:
+        dynamic, static = partition((args, kwargs), _is_shaped)
+        holder: list[Any] = []
+
+        def traced(dynamic: Any) -> list[Any]:
+            call_args, call_kwargs = combine(dynamic, static)
+            out = fun(*call_args, **call_kwargs)
+            out, out_static = split_output(out, is_array, "filter_make_jaxpr")
+            holder[:] = [out_static]
+            return out
+
+        shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), dynamic)
+        jaxpr, out_shapes = jax.make_jaxpr(traced, return_shape=True)(shapes)
+        out_static = holder[0]
+        return (
+            jaxpr,
+            out_static.rebuild(out_shapes, static_as_none=True),
+            out_static.rebuild([None] * len(out_shapes)),
+        )
+
+    return make_jaxpr
+
+
+def filter_eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`jax.eval_shape` for functions of any pytrees: the output's shapes, nothing computed.
+
+    Arguments:
+        fun: the function.
+        *args: its arguments; arrays may be `jax.ShapeDtypeStruct`s. Non-array leaves are
+            passed through as they are.
+        **kwargs: its keyword arguments.
+
+    Returns:
+        The output, with every array replaced by a `jax.ShapeDtypeStruct` and every other
+        leaf as `fun` returned it.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from pytree_transforms import filter_eval_shape
+        >>> filter_eval_shape(lambda x, name: {"y": x @ x.T, "name": name},
+        ...                   jax.ShapeDtypeStruct((4, 2), jnp.float32), "out")
+        {'name': 'out', 'y': ShapeDtypeStruct(shape=(4, 4), dtype=float32)}
+    """
+    dynamic, static = partition((args, kwargs), _is_shaped)
+    holder: list[Any] = []
+
+    def traced(dynamic: Any) -> list[Any]:
+        call_args, call_kwargs = combine(dynamic, static)
+        out = fun(*call_args, **call_kwargs)
+        out, out_static = split_output(out, is_array, "filter_eval_shape")
+        holder[:] = [out_static]
+        return out
+
+    shapes = jax.eval_shape(traced, dynamic)
+    return holder[0].rebuild(shapes)

@@ -1,0 +1,220 @@
+"""`filter_vmap`: `jax.vmap` for functions of any pytrees."""
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from pytree_filter import is_array
+
+from ._arguments import ArgumentSpecs
+from ._outputs import StaticOutput
+
+
+def if_array(axis: int) -> Callable[[Any], int | None]:
+    """An axis spec: `axis` for array leaves, `None` (not mapped) for every other leaf.
+
+    Arguments:
+        axis: the axis to map arrays over.
+
+    Returns:
+        A function `leaf -> axis or None`, usable anywhere `filter_vmap` takes an axis spec.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_transforms import if_array
+        >>> if_array(1)(jnp.ones((2, 3))), if_array(1)("text")
+        (1, None)
+    """
+
+    def axis_if_array(x: Any) -> int | None:
+        return axis if is_array(x) else None
+
+    axis_if_array.__name__ = f"if_array({axis})"
+    return axis_if_array
+
+
+_DEFAULT_AXES = if_array(0)
+_UNSET: Any = object()
+
+
+def _is_axis_spec(x: Any) -> bool:
+    return x is None or isinstance(x, int) or callable(x)
+
+
+def _axes_of(spec_tree: Any, tree: Any, what: str) -> tuple[list[Any], list[Any], Any]:
+    """Flatten `tree` and resolve, leaf by leaf, the axis its prefix spec gives it."""
+    spec_leaves, spec_def = jax.tree.flatten(spec_tree, is_leaf=_is_axis_spec)
+    try:
+        subtrees = spec_def.flatten_up_to(tree)
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"filter_vmap: the axis spec for {what} is not a prefix of it: {spec_def} "
+            f"against {jax.tree.structure(tree)}."
+        ) from None
+    leaves, treedef = jax.tree.flatten(tree)
+    axes: list[Any] = []
+    for spec, subtree in zip(spec_leaves, subtrees, strict=True):
+        for leaf in jax.tree.leaves(subtree):
+            axis = spec(leaf) if callable(spec) else spec
+            if isinstance(axis, bool):
+                axis = None  # booleans mean "not mapped", as with filter_pmap specs
+            if axis is not None and not isinstance(axis, int):
+                raise TypeError(
+                    f"filter_vmap: an axis spec gave {axis!r} for a leaf of {what}; axes "
+                    "must be ints or None."
+                )
+            if axis is not None and not is_array(leaf):
+                raise ValueError(
+                    f"filter_vmap: axis {axis} was given for a {type(leaf).__name__} in "
+                    f"{what}, which is not an array and cannot be mapped over. Give it None."
+                )
+            axes.append(axis)
+    return leaves, axes, treedef
+
+
+class _VmapWrapper:
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        specs: ArgumentSpecs,
+        out: Any,
+        vmapkwargs: dict[str, Any],
+    ):
+        self._fun = fun
+        self._specs = specs
+        self._out = out
+        self._vmapkwargs = vmapkwargs
+        functools.update_wrapper(self, fun, updated=())
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        return functools.partial(self, instance)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        tree = (self._fun, args, kwargs)
+        leaves, axes, treedef = _axes_of(self._specs.tree(args, kwargs), tree, "the inputs")
+        mapped = [i for i, a in enumerate(axes) if a is not None]
+        if not mapped and "axis_size" not in self._vmapkwargs:
+            raise ValueError(
+                "filter_vmap: no input is mapped over (every leaf has axis None), so the "
+                "batch size is unknown. Pass `axis_size=` or map an array argument."
+            )
+        holder: list[Any] = []
+
+        def batched(mapped_leaves: list[Any]) -> tuple[list[Any], StaticOutput]:
+            full = list(leaves)
+            for i, leaf in zip(mapped, mapped_leaves, strict=True):
+                full[i] = leaf
+            fun, call_args, call_kwargs = treedef.unflatten(full)
+            out = fun(*call_args, **call_kwargs)
+            out_leaves, out_axes, out_def = _axes_of(self._out, out, "the output")
+            dynamic = [x for x, a in zip(out_leaves, out_axes, strict=True) if is_array(x)]
+            static = tuple(x for x in out_leaves if not is_array(x))
+            for x in static:
+                if isinstance(x, jax.core.Tracer):
+                    raise ValueError("filter_vmap: a non-array output leaf is a tracer.")
+            array_axes = [a for x, a in zip(out_leaves, out_axes, strict=True) if is_array(x)]
+            holder[:] = [array_axes]
+            return dynamic, StaticOutput(out_def, [is_array(x) for x in out_leaves], static)
+
+        dynamic_out, static_out = jax.vmap(
+            batched,
+            in_axes=([axes[i] for i in mapped],),
+            out_axes=(0, None),
+            **self._vmapkwargs,
+        )([leaves[i] for i in mapped])
+        moved = [
+            x[0] if axis is None else (x if axis == 0 else jnp.moveaxis(x, 0, axis))
+            for x, axis in zip(dynamic_out, holder[0], strict=True)
+        ]
+        return static_out.rebuild(moved)
+
+
+def filter_vmap(
+    fun: Callable[..., Any] | None = None,
+    *,
+    in_axes: Any = _UNSET,
+    out_axes: Any = _UNSET,
+    axis_name: Any = None,
+    axis_size: int | None = None,
+    default: Any = _DEFAULT_AXES,
+    fn: Any = None,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    out: Any = _DEFAULT_AXES,
+    **vmapkwargs: Any,
+) -> Any:
+    """`jax.vmap` for functions of any pytrees: arrays are mapped, everything else is not.
+
+    An axis spec is an int (the axis to map over), `None` (not mapped: broadcast), a
+    function `leaf -> int or None`, or a prefix pytree of those. By default array leaves are
+    mapped over axis 0 and all other leaves are passed through unchanged; outputs likewise
+    (non-array outputs are returned as they are, and must not depend on the mapped values).
+    This makes ensembles easy: map a constructor over keys to get a batch of models.
+
+    Arguments:
+        fun: the function to vectorise. Omit it to get a decorator.
+        in_axes: axis spec of the positional arguments: a tuple (one spec per argument) or
+            one spec for all of them. Same as `args=` / `default=`.
+        out_axes: axis spec of the output (a prefix of it). Same as `out=`.
+        axis_name: name of the mapped axis, for collectives.
+        axis_size: the batch size, needed when no input is mapped.
+        default: axis spec for every argument without an override.
+        fn: axis spec for `fun` itself (default: not mapped).
+        args: per-positional-argument axis specs.
+        kwargs: per-parameter axis specs by name (applied whether passed by position or
+            keyword).
+        out: axis spec of the output.
+        **vmapkwargs: passed on to `jax.vmap` (e.g. `spmd_axis_name`).
+
+    Returns:
+        The vectorised function.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_transforms import filter_vmap
+        >>> @filter_vmap(kwargs=dict(x=1))
+        ... def g(x, y):
+        ...     return x + y
+        >>> g(jnp.array([[1, 2]]), jnp.array([3, 4]))  # x mapped down axis 1, y down axis 0
+        Array([[4],
+               [6]], dtype=int32)
+        >>> filter_vmap(lambda x, name: (x * 2, name))(jnp.arange(3), "doubled")
+        (Array([0, 2, 4], dtype=int32), 'doubled')
+    """
+    options = dict(
+        in_axes=in_axes,
+        out_axes=out_axes,
+        axis_name=axis_name,
+        axis_size=axis_size,
+        default=default,
+        fn=fn,
+        args=args,
+        kwargs=kwargs,
+        out=out,
+    )
+    if fun is None:
+        return lambda f: filter_vmap(f, **options, **vmapkwargs)
+    if not callable(fun):
+        raise TypeError(f"filter_vmap expects a function, got {fun!r}.")
+    if in_axes is not _UNSET:
+        if args or default is not _DEFAULT_AXES:
+            raise TypeError("filter_vmap: pass either `in_axes=` or `args=`/`default=`, not both.")
+        if isinstance(in_axes, tuple):
+            args = in_axes
+        else:
+            default = in_axes
+    if out_axes is not _UNSET:
+        if out is not _DEFAULT_AXES:
+            raise TypeError("filter_vmap: pass either `out_axes=` or `out=`, not both.")
+        out = out_axes
+    if axis_name is not None:
+        vmapkwargs["axis_name"] = axis_name
+    if axis_size is not None:
+        vmapkwargs["axis_size"] = axis_size
+    specs = ArgumentSpecs("filter_vmap", fun, default, fn, args, kwargs)
+    return _VmapWrapper(fun, specs, out, vmapkwargs)

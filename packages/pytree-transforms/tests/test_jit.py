@@ -1,0 +1,279 @@
+"""filter_jit: the seed's examples, retracing, asynchronous dispatch, donation, errors."""
+
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pytree_module import Module, field
+from pytree_transforms import filter_jit
+
+
+def counting(fun):
+    traces = []
+
+    def counted(*args, **kwargs):
+        traces.append(1)
+        return fun(*args, **kwargs)
+
+    return counted, traces
+
+
+def test_seed_examples():
+    @filter_jit
+    def f(x, y):  # both args traced if arrays, static if non-arrays
+        return x + y
+
+    @filter_jit(kwargs=dict(x=False))
+    def g(x, y):  # x held static; y is traced if array, static if non-array
+        return x + y
+
+    @filter_jit(args=(True,))
+    def h(x):
+        return x
+
+    @filter_jit
+    def apply(f, x):
+        return f(x)
+
+    assert int(f(jnp.array(1), jnp.array(2))) == 3  # both args traced
+    assert int(f(jnp.array(1), 2)) == 3  # first arg traced, second arg static
+    assert f(1, 2) == 3  # both args static: computed at trace time, returned as is
+    assert int(g(1, jnp.array(2))) == 3
+    assert g(1, 2) == 3
+    assert isinstance(h(1), jax.Array)  # traced
+    assert isinstance(h(jnp.array(1)), jax.Array)
+    with pytest.raises(TypeError, match=r"args\[0\] is marked to be traced.*str 'hi'"):
+        h("hi")  # not a trace-able JAX type, so error
+    assert int(apply(lambda x: x + 1, jnp.array(1))) == 2
+
+
+def test_static_arguments_are_static_and_traced_ones_traced():
+    seen = []
+
+    @filter_jit
+    def f(x, n):
+        seen.append((type(x), type(n)))
+        return x * n
+
+    f(jnp.ones(2), 3)
+    assert issubclass(seen[0][0], jax.core.Tracer) and seen[0][1] is int
+
+
+def test_kwargs_spec_applies_by_position_and_by_keyword():
+    seen = []
+
+    @filter_jit(kwargs=dict(x=True))
+    def f(x, y):
+        seen.append(isinstance(x, jax.core.Tracer))
+        return x + y
+
+    f(1, jnp.ones(1))
+    f(x=2, y=jnp.ones(1))
+    assert seen == [True, True]
+
+
+def test_equal_static_inputs_never_retrace_and_changed_ones_always_do():
+    fun, traces = counting(lambda x, n, name: x * n)
+    f = filter_jit(fun)
+    f(jnp.ones(2), 2, "a")
+    f(jnp.zeros(2), 2, "a")
+    f(jnp.ones(2), 2, "a")
+    assert len(traces) == 1
+    f(jnp.ones(2), 3, "a")
+    assert len(traces) == 2
+    f(jnp.ones(2), 3, "b")
+    assert len(traces) == 3
+    f(jnp.ones(3), 3, "b")  # new shape
+    assert len(traces) == 4
+    f(jnp.ones(3), 3, "b")
+    assert len(traces) == 4
+
+
+class Linear(Module):
+    def __init__(self, din, dout, key):
+        self.weight = jax.random.normal(key, (din, dout))
+        self.bias = jnp.zeros(dout)
+        self.activation = jax.nn.relu
+
+    def __call__(self, x):
+        return self.activation(x @ self.weight + self.bias)
+
+
+def test_modules_bound_methods_and_callable_pytrees():
+    model = Linear(2, 3, jax.random.key(0))
+    expected = model(jnp.ones(2))
+    assert jnp.allclose(filter_jit(lambda m, x: m(x))(model, jnp.ones(2)), expected)
+    assert jnp.allclose(filter_jit(model)(jnp.ones(2)), expected)
+    assert jnp.allclose(filter_jit(model.__call__)(jnp.ones(2)), expected)
+
+
+def test_function_arrays_are_traced_not_baked_in():
+    fun, traces = counting(lambda m, x: m(x))
+    f = filter_jit(fun)
+    a, b = Linear(2, 3, jax.random.key(0)), Linear(2, 3, jax.random.key(1))
+    ya, yb = f(a, jnp.ones(2)), f(b, jnp.ones(2))
+    assert len(traces) == 1
+    assert not jnp.allclose(ya, yb)
+
+
+def test_equinox_style_module_with_callable_field():
+    class Mlp(Module):
+        layers: list
+        activation: Callable
+        bias: jax.Array
+
+        def __call__(self, x):
+            for w in self.layers:
+                x = self.activation(x @ w)
+            return x + self.bias
+
+    model = Mlp([jnp.eye(2), jnp.eye(2)], jax.nn.relu, jnp.ones(2))
+    assert filter_jit(lambda m, x: m(x))(model, jnp.ones(2)).tolist() == [2.0, 2.0]
+
+
+def test_outputs_can_be_any_pytree():
+    @filter_jit
+    def f(x):
+        return {"y": x + 1, "name": "out", "fn": jnp.sin, "n": 3}
+
+    out = f(jnp.ones(2))
+    assert out["name"] == "out" and out["fn"] is jnp.sin and out["n"] == 3
+    assert isinstance(out["y"], jax.Array)
+
+    @filter_jit
+    def make(key):
+        return Linear(2, 3, key)
+
+    model = make(jax.random.key(0))
+    assert isinstance(model, Linear) and model.activation is jax.nn.relu
+
+
+def test_out_spec():
+    @filter_jit(out=False)
+    def f(x):
+        return 3
+
+    assert f(jnp.ones(1)) == 3
+    with pytest.raises(ValueError, match="tracer where the `out=` filter says static"):
+        filter_jit(lambda x: x * 2, out=False)(jnp.ones(1))
+
+
+def test_dispatch_is_asynchronous():
+    jax.config.update("jax_cpu_enable_async_dispatch", True)
+    x = jnp.ones((1500, 1500))
+
+    @filter_jit
+    def slow(x, n):
+        for _ in range(n):
+            x = jnp.tanh(x @ x) / 1500
+        return x
+
+    slow(x, 12).block_until_ready()
+    start = time.perf_counter()
+    y = slow(x, 12)
+    returned = time.perf_counter() - start
+    y.block_until_ready()
+    finished = time.perf_counter() - start
+    assert finished > 4 * returned, (returned, finished)
+
+
+def test_donation():
+    @filter_jit(donate="all")
+    def f(x, n):
+        return x * n
+
+    x = jnp.ones(3)
+    f(x, 2).block_until_ready()
+    assert x.is_deleted() or jax.default_backend() == "cpu"
+
+    @filter_jit(donate="all-except-first")
+    def g(keep, give):
+        return keep + give
+
+    keep, give = jnp.ones(3), jnp.ones(3)
+    assert g(keep, give).tolist() == [2.0, 2.0, 2.0]
+    assert not keep.is_deleted()
+
+
+def test_lower_and_compile():
+    f = filter_jit(lambda x, n: x * n)
+    compiled = f.lower(jnp.ones(2), 3).compile()
+    assert compiled(jnp.full(2, 2.0), 3).tolist() == [6.0, 6.0]
+    assert "multiply" in f.lower(jnp.ones(2), 3).as_text()
+    with pytest.raises(ValueError, match="Lower it again"):
+        compiled(jnp.ones(2), 4)
+
+
+def test_method_decorator():
+    class Scaled(Module):
+        def __init__(self):
+            self.s = jnp.array(2.0)
+
+        @filter_jit
+        def apply(self, x):
+            return self.s * x
+
+    assert float(Scaled().apply(3.0)) == 6.0
+
+
+def test_numpy_inputs_are_traced():
+    seen = []
+
+    @filter_jit
+    def f(x):
+        seen.append(isinstance(x, jax.core.Tracer))
+        return x
+
+    f(np.ones(2))
+    assert seen == [True]
+
+
+def test_errors():
+    with pytest.raises(TypeError, match="expects a callable"):
+        filter_jit(3)
+    with pytest.raises(ValueError, match="donate"):
+        filter_jit(lambda x: x, donate="some")
+    with pytest.raises(TypeError, match="does not take static_argnums"):
+        filter_jit(lambda x: x, static_argnums=0)
+    with pytest.raises(TypeError, match="names \\['z'\\]"):
+        filter_jit(lambda x: x, kwargs=dict(z=True))
+    with pytest.raises(TypeError, match="must be a tuple"):
+        filter_jit(lambda x: x, args=True)
+
+    class Unhashable:
+        __hash__ = None
+
+    with pytest.raises(TypeError, match="must be hashable"):
+        filter_jit(lambda x, u: x)(jnp.ones(1), Unhashable())
+
+
+def test_graph_objects_are_refused():
+    class Graph(Module, pytree=False):
+        def __init__(self):
+            self.w = jnp.ones(2)
+
+    with pytest.raises(TypeError, match=r"pytree=False.*pytree_graph"):
+        filter_jit(lambda g, x: x)(Graph(), jnp.ones(1))
+
+
+def test_errors_inside_the_function_propagate():
+    @filter_jit
+    def f(x):
+        raise RuntimeError("inside")
+
+    with pytest.raises(RuntimeError, match="inside"):
+        f(jnp.ones(1))
+
+
+def test_frozen_module_field_defaults():
+    class Conf(Module, frozen=True):
+        scale: float = field(static=True, default=2.0)
+
+        def __call__(self, x):
+            return self.scale * x
+
+    assert float(filter_jit(lambda c, x: c(x))(Conf(), jnp.array(1.0))) == 2.0

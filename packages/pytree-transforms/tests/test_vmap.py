@@ -1,0 +1,88 @@
+"""filter_vmap: the seed's examples, ensembles of models, axes and errors."""
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import pytest
+
+from pytree_module import Module
+from pytree_transforms import filter_jit, filter_vmap, if_array
+
+
+def test_seed_examples():
+    @filter_vmap
+    def f(x, y):
+        return x + y
+
+    @filter_vmap(kwargs=dict(x=1))
+    def g(x, y):
+        return x + y
+
+    @filter_vmap(args=(None,))
+    def h(x, y):
+        return x + y
+
+    assert f(jnp.array([1, 2]), jnp.array([3, 4])).tolist() == [4, 6]
+    assert f(jnp.array([1, 2]), 3).tolist() == [4, 5]  # second arg broadcast
+    assert g(jnp.array([[1, 2]]), jnp.array([3, 4])).tolist() == [[4], [6]]
+    assert g(x=jnp.array([[1, 2]]), y=jnp.array([3, 4])).tolist() == [[4], [6]]
+    assert h(jnp.array(1), jnp.array([2, 3])).tolist() == [3, 4]
+
+
+class MLP(Module):
+    def __init__(self, key):
+        k1, k2 = jr.split(key)
+        self.w1 = jr.normal(k1, (2, 4))
+        self.w2 = jr.normal(k2, (4, 2))
+        self.activation = jax.nn.relu
+
+    def __call__(self, x):
+        return self.activation(x @ self.w1) @ self.w2
+
+
+def test_ensemble_of_models():
+    @filter_vmap
+    def make_ensemble(key):
+        return MLP(key)
+
+    ensemble = make_ensemble(jr.split(jr.PRNGKey(0), 8))
+    assert ensemble.w1.shape == (8, 2, 4) and ensemble.activation is jax.nn.relu
+
+    @filter_vmap(kwargs=dict(x=None))
+    def evaluate_ensemble(model, x):
+        return model(x)
+
+    assert evaluate_ensemble(ensemble, jr.normal(jr.PRNGKey(1), (2,))).shape == (8, 2)
+
+    @filter_vmap
+    def evaluate_per_ensemble(model, x):
+        return model(x)
+
+    assert evaluate_per_ensemble(ensemble, jr.normal(jr.PRNGKey(1), (8, 2))).shape == (8, 2)
+    jitted = filter_jit(evaluate_per_ensemble)
+    assert jitted(ensemble, jnp.ones((8, 2))).shape == (8, 2)
+
+
+def test_newer_spellings_and_out_axes():
+    assert filter_vmap(lambda x: x, out_axes=1)(jnp.ones((3, 2))).shape == (2, 3)
+    assert filter_vmap(lambda x, y: x + y, in_axes=(0, None))(jnp.ones(3), 1.0).shape == (3,)
+    out = filter_vmap(lambda: jnp.ones(2), axis_size=4)()
+    assert out.shape == (4, 2)
+    total = filter_vmap(lambda x: jax.lax.psum(x, "i"), axis_name="i")(jnp.arange(3.0))
+    assert total.tolist() == [3.0, 3.0, 3.0]
+    assert filter_vmap(lambda x: x, in_axes=if_array(1))(jnp.ones((2, 5))).shape == (5, 2)
+
+
+def test_non_array_outputs_pass_through():
+    assert filter_vmap(lambda x: (x, "tag"))(jnp.arange(2))[1] == "tag"
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="batch size is unknown"):
+        filter_vmap(lambda x: x)(3)
+    with pytest.raises(ValueError, match="not an array and cannot be mapped"):
+        filter_vmap(lambda x: x, in_axes=0)("text")
+    with pytest.raises(TypeError, match="either `in_axes=` or"):
+        filter_vmap(lambda x: x, in_axes=0, args=(0,))
+    with pytest.raises(TypeError, match="expects a function"):
+        filter_vmap(3)
