@@ -69,9 +69,7 @@ def test_paper_appendix_example_and_training():
 
     @filter_jit
     def step(model, x, y):
-        value, grads = filter_value_and_grad(
-            lambda m: jnp.mean((y - jax.vmap(m)(x)) ** 2)
-        )(model)
+        value, grads = filter_value_and_grad(lambda m: jnp.mean((y - jax.vmap(m)(x)) ** 2))(model)
         updates = jax.tree.map(lambda g: -0.1 * g, grads)
         return value, apply_updates(model, updates)
 

@@ -39,9 +39,7 @@ class ArgumentSpecs:
         self.args = tuple(args)
         self.kwargs = dict(kwargs or {})
         self.positional_names, accepts_any = _parameters(fun)
-        unknown = [
-            k for k in self.kwargs if k not in self.positional_names and not accepts_any(k)
-        ]
+        unknown = [k for k in self.kwargs if k not in self.positional_names and not accepts_any(k)]
         if unknown:
             raise TypeError(
                 f"{transform}(kwargs=...) names {unknown}, which "

@@ -148,12 +148,7 @@ class JitWrapper:
         leaves, treedef = jax.tree.flatten(tree)
         types = list(map(type, leaves))
         plan = self._last
-        if (
-            plan is None
-            or plan.types != types
-            or plan.has_tracers
-            or plan.treedef != treedef
-        ):
+        if plan is None or plan.types != types or plan.has_tracers or plan.treedef != treedef:
             plan = self._last = self._default_plan(args, leaves, treedef, types)
         static = plan.get_static(leaves)
         try:

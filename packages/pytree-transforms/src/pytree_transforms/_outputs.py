@@ -39,9 +39,7 @@ class StaticOutput:
         )
 
 
-jax.tree_util.register_pytree_node(
-    StaticOutput, lambda s: ((), s), lambda s, _: s
-)
+jax.tree_util.register_pytree_node(StaticOutput, lambda s: ((), s), lambda s, _: s)
 
 
 def split_output(out: Any, out_spec: Any, transform: str) -> tuple[list[Any], StaticOutput]:
