@@ -8,9 +8,12 @@ from ._ad import filter_jacrev as filter_jacrev
 from ._ad import filter_jvp as filter_jvp
 from ._ad import filter_value_and_grad as filter_value_and_grad
 from ._ad import filter_vjp as filter_vjp
+from ._axes import if_array as if_array
+from ._checkpoint import filter_checkpoint as filter_checkpoint
 from ._jit import filter_jit as filter_jit
+from ._pmap import filter_pmap as filter_pmap
 from ._shapes import filter_eval_shape as filter_eval_shape
 from ._shapes import filter_make_jaxpr as filter_make_jaxpr
+from ._shard import filter_shard as filter_shard
 from ._updates import apply_updates as apply_updates
 from ._vmap import filter_vmap as filter_vmap
-from ._vmap import if_array as if_array

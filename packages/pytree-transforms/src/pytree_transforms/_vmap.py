@@ -10,69 +10,8 @@ import jax.numpy as jnp
 from pytree_filter import is_array
 
 from ._arguments import ArgumentSpecs
+from ._axes import DEFAULT_AXES, UNSET, axes_of
 from ._outputs import StaticOutput
-
-
-def if_array(axis: int) -> Callable[[Any], int | None]:
-    """An axis spec: `axis` for array leaves, `None` (not mapped) for every other leaf.
-
-    Arguments:
-        axis: the axis to map arrays over.
-
-    Returns:
-        A function `leaf -> axis or None`, usable anywhere `filter_vmap` takes an axis spec.
-
-    Examples:
-        >>> import jax.numpy as jnp
-        >>> from pytree_transforms import if_array
-        >>> if_array(1)(jnp.ones((2, 3))), if_array(1)("text")
-        (1, None)
-    """
-
-    def axis_if_array(x: Any) -> int | None:
-        return axis if is_array(x) else None
-
-    axis_if_array.__name__ = f"if_array({axis})"
-    return axis_if_array
-
-
-_DEFAULT_AXES = if_array(0)
-_UNSET: Any = object()
-
-
-def _is_axis_spec(x: Any) -> bool:
-    return x is None or isinstance(x, int) or callable(x)
-
-
-def _axes_of(spec_tree: Any, tree: Any, what: str) -> tuple[list[Any], list[Any], Any]:
-    """Flatten `tree` and resolve, leaf by leaf, the axis its prefix spec gives it."""
-    spec_leaves, spec_def = jax.tree.flatten(spec_tree, is_leaf=_is_axis_spec)
-    try:
-        subtrees = spec_def.flatten_up_to(tree)
-    except (ValueError, TypeError):
-        raise ValueError(
-            f"filter_vmap: the axis spec for {what} is not a prefix of it: {spec_def} "
-            f"against {jax.tree.structure(tree)}."
-        ) from None
-    leaves, treedef = jax.tree.flatten(tree)
-    axes: list[Any] = []
-    for spec, subtree in zip(spec_leaves, subtrees, strict=True):
-        for leaf in jax.tree.leaves(subtree):
-            axis = spec(leaf) if callable(spec) else spec
-            if isinstance(axis, bool):
-                axis = None  # booleans mean "not mapped", as with filter_pmap specs
-            if axis is not None and not isinstance(axis, int):
-                raise TypeError(
-                    f"filter_vmap: an axis spec gave {axis!r} for a leaf of {what}; axes "
-                    "must be ints or None."
-                )
-            if axis is not None and not is_array(leaf):
-                raise ValueError(
-                    f"filter_vmap: axis {axis} was given for a {type(leaf).__name__} in "
-                    f"{what}, which is not an array and cannot be mapped over. Give it None."
-                )
-            axes.append(axis)
-    return leaves, axes, treedef
 
 
 class _VmapWrapper:
@@ -96,7 +35,7 @@ class _VmapWrapper:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         tree = (self._fun, args, kwargs)
-        leaves, axes, treedef = _axes_of(self._specs.tree(args, kwargs), tree, "the inputs")
+        leaves, axes, treedef = axes_of(self._specs.tree(args, kwargs), tree, "the inputs")
         mapped = [i for i, a in enumerate(axes) if a is not None]
         if not mapped and "axis_size" not in self._vmapkwargs:
             raise ValueError(
@@ -111,7 +50,7 @@ class _VmapWrapper:
                 full[i] = leaf
             fun, call_args, call_kwargs = treedef.unflatten(full)
             out = fun(*call_args, **call_kwargs)
-            out_leaves, out_axes, out_def = _axes_of(self._out, out, "the output")
+            out_leaves, out_axes, out_def = axes_of(self._out, out, "the output")
             dynamic = [x for x, a in zip(out_leaves, out_axes, strict=True) if is_array(x)]
             static = tuple(x for x in out_leaves if not is_array(x))
             for x in static:
@@ -137,15 +76,15 @@ class _VmapWrapper:
 def filter_vmap(
     fun: Callable[..., Any] | None = None,
     *,
-    in_axes: Any = _UNSET,
-    out_axes: Any = _UNSET,
+    in_axes: Any = UNSET,
+    out_axes: Any = UNSET,
     axis_name: Any = None,
     axis_size: int | None = None,
-    default: Any = _DEFAULT_AXES,
+    default: Any = DEFAULT_AXES,
     fn: Any = None,
     args: tuple[Any, ...] = (),
     kwargs: dict[str, Any] | None = None,
-    out: Any = _DEFAULT_AXES,
+    out: Any = DEFAULT_AXES,
     **vmapkwargs: Any,
 ) -> Any:
     """`jax.vmap` for functions of any pytrees: arrays are mapped, everything else is not.
@@ -201,15 +140,15 @@ def filter_vmap(
         return lambda f: filter_vmap(f, **options, **vmapkwargs)
     if not callable(fun):
         raise TypeError(f"filter_vmap expects a function, got {fun!r}.")
-    if in_axes is not _UNSET:
-        if args or default is not _DEFAULT_AXES:
+    if in_axes is not UNSET:
+        if args or default is not DEFAULT_AXES:
             raise TypeError("filter_vmap: pass either `in_axes=` or `args=`/`default=`, not both.")
         if isinstance(in_axes, tuple):
             args = in_axes
         else:
             default = in_axes
-    if out_axes is not _UNSET:
-        if out is not _DEFAULT_AXES:
+    if out_axes is not UNSET:
+        if out is not DEFAULT_AXES:
             raise TypeError("filter_vmap: pass either `out_axes=` or `out=`, not both.")
         out = out_axes
     if axis_name is not None:

@@ -1,0 +1,57 @@
+"""`filter_checkpoint`: `jax.checkpoint` (rematerialisation) for functions of any pytrees."""
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from pytree_filter import combine, is_array, partition
+
+from ._outputs import split_output
+
+
+def filter_checkpoint(
+    fun: Callable[..., Any] | None = None,
+    *,
+    prevent_cse: bool = True,
+    policy: Callable[..., bool] | None = None,
+) -> Any:
+    """`jax.checkpoint` for functions of any pytrees: recompute activations on the backward
+    pass instead of storing them.
+
+    Arrays in the arguments are inputs of the checkpointed computation; every other leaf is
+    passed through unchanged, and non-array outputs are returned as they are.
+
+    Arguments:
+        fun: the function. Omit it to get a decorator.
+        prevent_cse: as for `jax.checkpoint`.
+        policy: a `jax.checkpoint_policies` policy saying which values may be saved.
+
+    Returns:
+        The checkpointed function.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from pytree_transforms import filter_checkpoint
+        >>> block = filter_checkpoint(lambda p, x: jnp.tanh(p["w"] * x))
+        >>> jax.grad(lambda w: block({"w": w, "name": "b"}, 2.0))(1.0)
+        Array(0.14130163, dtype=float32, weak_type=True)
+    """
+    if fun is None:
+        return lambda f: filter_checkpoint(f, prevent_cse=prevent_cse, policy=policy)
+    if not callable(fun):
+        raise TypeError(f"filter_checkpoint expects a function, got {fun!r}.")
+
+    @functools.wraps(fun)
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        dynamic, static = partition((args, kwargs), is_array)
+
+        def inner(dynamic: Any) -> Any:
+            call_args, call_kwargs = combine(dynamic, static)
+            return split_output(fun(*call_args, **call_kwargs), is_array, "filter_checkpoint")
+
+        out, static_out = jax.checkpoint(inner, prevent_cse=prevent_cse, policy=policy)(dynamic)
+        return static_out.rebuild(out)
+
+    return checkpointed
