@@ -35,8 +35,9 @@ def filter_checkpoint(
         >>> import jax, jax.numpy as jnp
         >>> from pytree_transforms import filter_checkpoint
         >>> block = filter_checkpoint(lambda p, x: jnp.tanh(p["w"] * x))
-        >>> jax.grad(lambda w: block({"w": w, "name": "b"}, 2.0))(1.0)
-        Array(0.14130163, dtype=float32, weak_type=True)
+        >>> grad = jax.grad(lambda w: block({"w": w, "name": "b"}, 2.0))(1.0)
+        >>> round(float(grad), 4)
+        0.1413
     """
     if fun is None:
         return lambda f: filter_checkpoint(f, prevent_cse=prevent_cse, policy=policy)
