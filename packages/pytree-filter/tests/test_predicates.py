@@ -50,11 +50,14 @@ def test_tracers_are_arrays():
 
     @jax.jit
     def f(x, n):
-        seen.append((is_array(x), is_inexact_array(x), is_inexact_array(n)))
+        seen.append(
+            (is_array(x), is_inexact_array(x), is_inexact_array(n), is_inexact_array_like(x))
+        )
+        seen.append((is_array_like(x), is_inexact_array_like(n)))
         return x
 
     f(jnp.ones(2), jnp.ones(2, jnp.int32))
-    assert seen == [(True, True, False)]
+    assert seen == [(True, True, False, True), (True, False)]
 
 
 def test_partition_mask_agrees_with_the_predicate_inside_and_outside_traces():

@@ -117,6 +117,8 @@ def is_inexact_array_like(element: Any) -> bool:
         >>> is_inexact_array_like(1.0), is_inexact_array_like(1), is_inexact_array_like(True)
         (True, False, False)
     """
+    if is_array(element):
+        return _is_inexact_dtype(element.dtype)
     if hasattr(type(element), "__jax_array__"):
         element = element.__jax_array__()
     return isinstance(element, _INEXACT_SCALAR_TYPES) or is_inexact_array(element)

@@ -9,7 +9,11 @@ from ._ad import filter_jvp as filter_jvp
 from ._ad import filter_value_and_grad as filter_value_and_grad
 from ._ad import filter_vjp as filter_vjp
 from ._axes import if_array as if_array
+from ._callback import filter_pure_callback as filter_pure_callback
 from ._checkpoint import filter_checkpoint as filter_checkpoint
+from ._closure import filter_closure_convert as filter_closure_convert
+from ._custom_jvp import filter_custom_jvp as filter_custom_jvp
+from ._custom_vjp import filter_custom_vjp as filter_custom_vjp
 from ._jit import filter_jit as filter_jit
 from ._pmap import filter_pmap as filter_pmap
 from ._shapes import filter_eval_shape as filter_eval_shape

@@ -6,7 +6,7 @@ from typing import Any
 
 import jax
 
-from pytree_filter import combine, is_array, is_inexact_array, partition
+from pytree_filter import combine, is_array, is_inexact_array, is_inexact_array_like, partition
 
 from ._outputs import split_output
 
@@ -154,10 +154,6 @@ def _check_callable(fun: Any, transform: str) -> None:
         raise TypeError(f"{transform} expects a function, got {fun!r}.")
 
 
-def _differentiable(x: Any) -> bool:
-    return is_inexact_array(x) or isinstance(x, float | complex)
-
-
 def filter_jvp(
     fn: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Any]
 ) -> tuple[Any, Any]:
@@ -183,7 +179,7 @@ def filter_jvp(
     if not isinstance(primals, tuple | list) or not isinstance(tangents, tuple | list):
         raise TypeError("filter_jvp expects `primals` and `tangents` as tuples (or lists).")
     primals = tuple(primals)
-    diff, nondiff = partition(primals, _differentiable)
+    diff, nondiff = partition(primals, is_inexact_array_like)
     try:
         diff_tangents = jax.tree.structure(diff).flatten_up_to(tuple(tangents))
     except (ValueError, TypeError):
