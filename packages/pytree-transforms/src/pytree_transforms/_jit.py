@@ -132,8 +132,6 @@ class JitWrapper:
         return tree, leaves, plan, static, dynamic
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._specs.trivial and self._donate == "none":
-            return self._call_default(args, kwargs)
         tree, leaves, plan, static, dynamic = self._split(args, kwargs)
         try:
             dynamic_out, static_out = self._jitted((plan, static), *dynamic)
@@ -142,7 +140,7 @@ class JitWrapper:
             raise
         return static_out.rebuild(dynamic_out)
 
-    def _call_default(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call_default(self, *args: Any, **kwargs: Any) -> Any:
         """The hot path: default filter (arrays traced), no donation."""
         tree = (self._fun, args, kwargs)
         leaves, treedef = jax.tree.flatten(tree)
@@ -156,6 +154,8 @@ class JitWrapper:
         except (TypeError, ValueError):
             _diagnose_inputs(tree, leaves, plan, static)
             raise
+        if static_out.single:
+            return dynamic_out[0]
         return static_out.rebuild(dynamic_out)
 
     def _default_plan(
@@ -179,6 +179,13 @@ class JitWrapper:
         """
         _, _, plan, static, dynamic = self._split(args, kwargs)
         return Lowered(self, self._jitted.lower((plan, static), *dynamic), plan, static)
+
+
+class _DefaultJitWrapper(JitWrapper):
+    """`filter_jit` with the default filter and no donation: calls go straight to the hot
+    path, saving a Python call per call."""
+
+    __call__ = JitWrapper._call_default
 
 
 class Lowered:
@@ -310,4 +317,6 @@ def filter_jit(
                 "`donate=`."
             )
     specs = ArgumentSpecs("filter_jit", fun, default, default if fn is None else fn, args, kwargs)
+    if specs.trivial and donate == "none" and out is is_array:
+        return _DefaultJitWrapper(fun, specs, out, donate, jitkwargs)
     return JitWrapper(fun, specs, out, donate, jitkwargs)
