@@ -71,3 +71,21 @@ def axes_of(
                 )
             axes.append(axis)
     return leaves, axes, treedef
+
+
+def merge_axis_options(
+    transform: str, in_axes: Any, out_axes: Any, default: Any, args: Any, out: Any
+) -> tuple[Any, Any, Any]:
+    """Fold the newer `in_axes=`/`out_axes=` spellings into `(default, args, out)`."""
+    if in_axes is not UNSET:
+        if args or default is not DEFAULT_AXES:
+            raise TypeError(f"{transform}: pass either `in_axes=` or `args=`/`default=`, not both.")
+        if isinstance(in_axes, tuple):
+            args = in_axes
+        else:
+            default = in_axes
+    if out_axes is not UNSET:
+        if out is not DEFAULT_AXES:
+            raise TypeError(f"{transform}: pass either `out_axes=` or `out=`, not both.")
+        out = out_axes
+    return default, args, out

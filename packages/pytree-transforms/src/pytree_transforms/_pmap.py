@@ -11,7 +11,7 @@ from jax.tree_util import PyTreeDef
 from pytree_filter import is_array
 
 from ._arguments import ArgumentSpecs
-from ._axes import DEFAULT_AXES, UNSET, axes_of
+from ._axes import DEFAULT_AXES, UNSET, axes_of, merge_axis_options
 from ._errors import check_pytree_objects
 from ._outputs import split_output
 
@@ -145,17 +145,7 @@ def filter_pmap(
             "filter_pmap takes no static_broadcasted_argnums: non-array arguments are static "
             "already."
         )
-    if in_axes is not UNSET:
-        if args or default is not DEFAULT_AXES:
-            raise TypeError("filter_pmap: pass either `in_axes=` or `args=`/`default=`, not both.")
-        if isinstance(in_axes, tuple):
-            args = in_axes
-        else:
-            default = in_axes
-    if out_axes is not UNSET:
-        if out is not DEFAULT_AXES:
-            raise TypeError("filter_pmap: pass either `out_axes=` or `out=`, not both.")
-        out = out_axes
+    default, args, out = merge_axis_options("filter_pmap", in_axes, out_axes, default, args, out)
     if axis_name is not None:
         pmapkwargs["axis_name"] = axis_name
     specs = ArgumentSpecs("filter_pmap", fun, default, fn, args, kwargs)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from pytree_filter import is_array
 
 from ._arguments import ArgumentSpecs
-from ._axes import DEFAULT_AXES, UNSET, axes_of
+from ._axes import DEFAULT_AXES, UNSET, axes_of, merge_axis_options
 from ._outputs import StaticOutput
 
 
@@ -140,17 +140,7 @@ def filter_vmap(
         return lambda f: filter_vmap(f, **options, **vmapkwargs)
     if not callable(fun):
         raise TypeError(f"filter_vmap expects a function, got {fun!r}.")
-    if in_axes is not UNSET:
-        if args or default is not DEFAULT_AXES:
-            raise TypeError("filter_vmap: pass either `in_axes=` or `args=`/`default=`, not both.")
-        if isinstance(in_axes, tuple):
-            args = in_axes
-        else:
-            default = in_axes
-    if out_axes is not UNSET:
-        if out is not DEFAULT_AXES:
-            raise TypeError("filter_vmap: pass either `out_axes=` or `out=`, not both.")
-        out = out_axes
+    default, args, out = merge_axis_options("filter_vmap", in_axes, out_axes, default, args, out)
     if axis_name is not None:
         vmapkwargs["axis_name"] = axis_name
     if axis_size is not None:
