@@ -18,7 +18,9 @@ the machine.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import importlib.metadata
 import os
 import platform
 import statistics
@@ -26,6 +28,7 @@ import sys
 import timeit
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -180,3 +183,33 @@ def machine_lines(versions: Mapping[str, str | None]) -> list[str]:
         f"synchronous: {not jax.config.read('jax_cpu_enable_async_dispatch')}",
         f"- Date: {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}",
     ]
+
+
+def dist_version(dist: str) -> str | None:
+    """The installed version of distribution `dist`, or None when it is not installed."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def parse_options(
+    argv: list[str] | None, description: str, default_out: Path, quick_help: str
+) -> tuple[Path | None, Settings, bool]:
+    """The command line every benchmark takes: `--quick` and `--out PATH`.
+
+    Returns the file to write (none for a quick run unless `--out` is given), the timing
+    settings, and whether the run is quick.
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"markdown file to write (default: {default_out.name} in benchmarks/results for a "
+        "full run; none for --quick)",
+    )
+    args = parser.parse_args(argv)
+    out = args.out if args.out is not None else None if args.quick else default_out
+    return out, Settings.quick() if args.quick else Settings(), args.quick

@@ -23,9 +23,7 @@ Equinox and Flax are optional: without them their rows say "not installed".
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import importlib.metadata
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -38,7 +36,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import Row, Settings, compare, machine_lines, markdown_table, sync_cpu_dispatch
+from _timing import (
+    Row,
+    Settings,
+    compare,
+    dist_version,
+    machine_lines,
+    markdown_table,
+    parse_options,
+    sync_cpu_dispatch,
+)
 
 import pytree_module
 from pytree_module import Module, field
@@ -316,13 +323,6 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
 # ------------------------------------------------------------------------------- report
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def report(rows: list[Row], timings: dict, header: list[str], settings: Settings, argv: str) -> str:
     widest = max(timings, key=lambda k: (timings[k].q3 - timings[k].q1) / timings[k].median)
     spread = (timings[widest].q3 - timings[widest].q1) / timings[widest].median
@@ -356,37 +356,28 @@ def report(rows: list[Row], timings: dict, header: list[str], settings: Settings
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="short smoke run (a few seconds)")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help=f"markdown file to write (default: {DEFAULT_OUT.name} in benchmarks/results for a "
-        "full run; none for --quick)",
+    out, settings, quick = parse_options(
+        argv, __doc__.split("\n")[0], DEFAULT_OUT, "short smoke run (a few seconds)"
     )
-    args = parser.parse_args(argv)
-    out = args.out if args.out is not None else None if args.quick else DEFAULT_OUT
-    settings = Settings.quick() if args.quick else Settings()
 
     sync_cpu_dispatch()
     versions = {
         "jax": jax.__version__,
-        "jaxlib": _version("jaxlib"),
+        "jaxlib": dist_version("jaxlib"),
         "pytree_module": pytree_module.__version__,
         "equinox": eqx.__version__ if eqx is not None else None,
-        "flax": _version("flax") if nnx is not None else None,
+        "flax": dist_version("flax") if nnx is not None else None,
         "numpy": np.__version__,
     }
     header = machine_lines(versions)
-    if args.quick:
+    if quick:
         header.append("- Quick smoke run (`--quick`): few repeats, not for quoting.")
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
     rows, timings = run(settings, log)
-    command = "python benchmarks/bench_module.py" + (" --quick" if args.quick else "")
+    command = "python benchmarks/bench_module.py" + (" --quick" if quick else "")
     text = report(rows, timings, header, settings, command)
     print(text)
     if out is not None:

@@ -43,9 +43,7 @@ Equinox is optional: without it its rows say "not installed".
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import importlib.metadata
 import statistics
 import sys
 import time
@@ -61,7 +59,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import Row, Settings, compare, machine_lines, markdown_table, sync_cpu_dispatch
+from _timing import (
+    Row,
+    Settings,
+    compare,
+    dist_version,
+    machine_lines,
+    markdown_table,
+    parse_options,
+    sync_cpu_dispatch,
+)
 
 import pytree_module
 import pytree_transforms
@@ -749,13 +756,6 @@ def dispatch_table(rows: list[DispatchRow]) -> str:
 # ------------------------------------------------------------------------------- report
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def _overheads(rows: list[Row]) -> list[str]:
     """Per `filter_jit` measurement: ours minus the dict baseline and minus direct jax.jit."""
     by_label: dict[str, dict[str, Row]] = {}
@@ -852,39 +852,30 @@ def report(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="short smoke run (mostly compiling)")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help=f"markdown file to write (default: {DEFAULT_OUT.name} in benchmarks/results for a "
-        "full run; none for --quick)",
+    out, settings, quick = parse_options(
+        argv, __doc__.split("\n")[0], DEFAULT_OUT, "short smoke run (mostly compiling)"
     )
-    args = parser.parse_args(argv)
-    out = args.out if args.out is not None else None if args.quick else DEFAULT_OUT
-    settings = Settings.quick() if args.quick else Settings()
 
     sync_cpu_dispatch()
     versions = {
         "jax": jax.__version__,
-        "jaxlib": _version("jaxlib"),
+        "jaxlib": dist_version("jaxlib"),
         "pytree_transforms": getattr(pytree_transforms, "__version__", None),
         "pytree_module": pytree_module.__version__,
         "equinox": eqx.__version__ if eqx is not None else None,
         "numpy": np.__version__,
     }
     header = machine_lines(versions)
-    if args.quick:
+    if quick:
         header.append("- Quick smoke run (`--quick`): few repeats, not for quoting.")
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    runner = run(settings, args.quick, log)
+    runner = run(settings, quick, log)
     # Last, as it recreates JAX's CPU client: no array made before survives it.
-    dispatch = dispatch_check(args.quick, log)
-    command = "python benchmarks/bench_transforms.py" + (" --quick" if args.quick else "")
+    dispatch = dispatch_check(quick, log)
+    command = "python benchmarks/bench_transforms.py" + (" --quick" if quick else "")
     text = report(runner, dispatch, header, settings, command)
     print(text)
     if out is not None:

@@ -10,10 +10,12 @@ import numpy as np
 
 from pytree_filter import is_array, is_inexact_array, is_inexact_array_like
 
+from ._method import BindsAsMethod
+
 _PYTHON_NUMBERS = (bool, int, float, complex)
 
 
-class CustomJVP:
+class CustomJVP(BindsAsMethod):
     """A function with a custom JVP rule, as returned by `filter_custom_jvp`.
 
     Define the rule with `.defjvp(jvp_fn)`; then call it like the original function.
@@ -42,12 +44,6 @@ class CustomJVP:
             raise TypeError(f"defjvp expects the JVP rule, a function; got {jvp_fn!r}.")
         self._jvp = jvp_fn
         return jvp_fn
-
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        # Used as a method: the instance becomes the first positional argument.
-        if instance is None:
-            return self
-        return functools.partial(self, instance)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._jvp is None:

@@ -11,10 +11,11 @@ import numpy as np
 from pytree_filter import is_array, is_inexact_array_like
 
 from ._custom_jvp import RuleInputs
+from ._method import BindsAsMethod
 from ._outputs import split_output
 
 
-class CustomVJP:
+class CustomVJP(BindsAsMethod):
     """A function with a custom VJP rule, as returned by `filter_custom_vjp`.
 
     Define the rule with `.defvjp(fn_fwd, fn_bwd)`; then call it like the original function.
@@ -44,12 +45,6 @@ class CustomVJP:
                 raise TypeError(f"defvjp expects `{name}` to be a function, got {rule!r}.")
         self._fwd = fn_fwd
         self._bwd = fn_bwd
-
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        # Used as a method: the instance becomes `vjp_arg`.
-        if instance is None:
-            return self
-        return functools.partial(self, instance)
 
     def __call__(self, vjp_arg: Any, /, *args: Any, **kwargs: Any) -> Any:
         if self._fwd is None or self._bwd is None:

@@ -14,6 +14,7 @@ from pytree_filter import flatten_with_mask, is_array, is_array_like
 
 from ._arguments import ArgumentSpecs
 from ._errors import check_pytree_objects, describe_leaf
+from ._method import BindsAsMethod
 from ._outputs import split_output
 
 _DONATE = ("none", "all", "all-except-first", "warn")
@@ -68,7 +69,7 @@ class _Plan:
         return [next(dynamic) if m else next(static) for m in self.mask]
 
 
-class JitWrapper:
+class JitWrapper(BindsAsMethod):
     """The callable that `filter_jit` returns."""
 
     def __init__(
@@ -164,12 +165,6 @@ class JitWrapper:
         plan = self._plan(treedef, [is_array(x) for x in leaves], args, types)
         check_pytree_objects(plan.get_static(leaves), "filter_jit")
         return plan
-
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        # Used as a method: the instance becomes the first argument, traced like any other.
-        if instance is None:
-            return self
-        return functools.partial(self, instance)
 
     def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
         """Trace and lower for these arguments, for ahead-of-time compilation.

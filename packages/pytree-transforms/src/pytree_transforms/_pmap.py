@@ -13,10 +13,11 @@ from pytree_filter import is_array
 from ._arguments import ArgumentSpecs
 from ._axes import DEFAULT_AXES, UNSET, axes_of, merge_axis_options
 from ._errors import check_pytree_objects
+from ._method import BindsAsMethod
 from ._outputs import split_output
 
 
-class _PmapWrapper:
+class _PmapWrapper(BindsAsMethod):
     def __init__(self, fun: Callable[..., Any], specs: ArgumentSpecs, out: Any, kw: dict):
         self._fun = fun
         self._specs = specs
@@ -26,11 +27,6 @@ class _PmapWrapper:
         # each caches its compilations by the static part of the call, like `jax.jit`.
         self._pmapped: dict[tuple[Any, ...], Callable[..., Any]] = {}
         functools.update_wrapper(self, fun, updated=())
-
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        if instance is None:
-            return self
-        return functools.partial(self, instance)
 
     def _traced(self, key: tuple[PyTreeDef, tuple[int, ...], tuple[Any, ...]], dynamic: list):
         treedef, positions, static = key

@@ -11,10 +11,11 @@ from pytree_filter import is_array
 
 from ._arguments import ArgumentSpecs
 from ._axes import DEFAULT_AXES, UNSET, axes_of, merge_axis_options
+from ._method import BindsAsMethod
 from ._outputs import StaticOutput
 
 
-class _VmapWrapper:
+class _VmapWrapper(BindsAsMethod):
     def __init__(
         self,
         fun: Callable[..., Any],
@@ -27,11 +28,6 @@ class _VmapWrapper:
         self._out = out
         self._vmapkwargs = vmapkwargs
         functools.update_wrapper(self, fun, updated=())
-
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        if instance is None:
-            return self
-        return functools.partial(self, instance)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         tree = (self._fun, args, kwargs)
