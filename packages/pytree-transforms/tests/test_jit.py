@@ -93,6 +93,75 @@ def test_equal_static_inputs_never_retrace_and_changed_ones_always_do():
     assert len(traces) == 4
 
 
+def test_python_scalars_nested_anywhere_are_static():
+    fun, traces = counting(lambda d, flag: (d["x"] * d["scale"], d["scale"], flag))
+    f = filter_jit(fun)
+    y, scale, flag = f({"x": jnp.ones(2), "scale": 2.0}, True)
+    assert y.tolist() == [2.0, 2.0]
+    # Held static, so returned as the very Python objects, not as arrays.
+    assert type(scale) is float and flag is True
+    f({"x": jnp.zeros(2), "scale": 2.0}, True)
+    assert len(traces) == 1
+    f({"x": jnp.zeros(2), "scale": 3.0}, True)
+    assert len(traces) == 2
+
+
+def test_python_bool_flags_drive_python_control_flow():
+    @filter_jit
+    def f(x, training):
+        if training:  # a Python bool: static, so this is plain Python
+            return x * 0.5
+        return x
+
+    assert f(jnp.ones(1), True).tolist() == [0.5]
+    assert f(jnp.ones(1), False).tolist() == [1.0]
+    assert f(jnp.ones(1), training=True).tolist() == [0.5]
+
+
+def test_array_calls_stay_cached_after_calls_with_static_arguments():
+    # Calls with only arrays and calls with static values interleave without retracing.
+    fun, traces = counting(lambda x, name=None: x + 1)
+    f = filter_jit(fun)
+    f(jnp.ones(2))
+    f(jnp.ones(2), name="a")
+    f(jnp.ones(2), "a")
+    assert len(traces) == 3  # keyword and positional calls are distinct structures
+    for _ in range(3):
+        f(jnp.zeros(2))
+        f(jnp.zeros(2), name="a")
+        f(jnp.zeros(2), "a")
+    assert len(traces) == 3
+    f(jnp.ones(2), name="b")
+    assert len(traces) == 4
+
+
+def test_weakly_typed_arrays_are_traced():
+    fun, traces = counting(lambda x: x * 2)
+    f = filter_jit(fun)
+    weak = jnp.asarray(1.0)
+    assert weak.weak_type
+    assert isinstance(f(weak), jax.Array)
+    f(jnp.asarray(2.0))
+    assert len(traces) == 1
+
+
+def test_changes_to_a_mutable_module_are_seen():
+    class Scale(Module):
+        def __init__(self):
+            self.factor = jnp.array(2.0)
+
+        def __call__(self, x):
+            return x * self.factor
+
+    model = Scale()
+    f = filter_jit(model)
+    assert f(jnp.ones(1)).tolist() == [2.0]
+    model.factor = jnp.array(3.0)
+    assert f(jnp.ones(1)).tolist() == [3.0]
+    model.factor = 4.0  # now a static float: the call retraces with it
+    assert f(jnp.ones(1)).tolist() == [4.0]
+
+
 class Linear(Module):
     def __init__(self, din, dout, key):
         self.weight = jax.random.normal(key, (din, dout))
@@ -259,6 +328,13 @@ def test_graph_objects_are_refused():
     with pytest.raises(TypeError, match=r"pytree=False.*pytree_graph"):
         filter_jit(lambda g, x: x)(Graph(), jnp.ones(1))
 
+    class CallableGraph(Graph, pytree=False):
+        def __call__(self, x):
+            return x * self.w
+
+    with pytest.raises(TypeError, match=r"pytree=False.*pytree_graph"):
+        filter_jit(CallableGraph())(jnp.ones(2))
+
 
 def test_errors_inside_the_function_propagate():
     @filter_jit
@@ -267,6 +343,20 @@ def test_errors_inside_the_function_propagate():
 
     with pytest.raises(RuntimeError, match="inside"):
         f(jnp.ones(1))
+
+
+@pytest.mark.parametrize("error", [TypeError, ValueError])
+def test_type_and_value_errors_inside_the_function_are_raised_once(error):
+    # JAX refuses bad inputs with these same exception types: the function's own errors
+    # must still come out as they are, after a single trace, with the function's frame.
+    def fails(x):
+        raise error("bad shapes")
+
+    fun, traces = counting(fails)
+    with pytest.raises(error, match="bad shapes") as info:
+        filter_jit(fun)(jnp.ones(1))
+    assert len(traces) == 1
+    assert any(frame.name == "fails" for frame in info.traceback)
 
 
 def test_frozen_module_field_defaults():

@@ -55,3 +55,38 @@ def split_output(out: Any, out_spec: Any, transform: str) -> tuple[list[Any], St
                 "concrete value there."
             )
     return dynamic, StaticOutput(treedef, [bool(m) for m in mask], static)
+
+
+class PackedOutput:
+    """An output with static parts, as it leaves a jitted function: traced leaves as
+    children, the `StaticOutput` in the treedef.
+
+    Outputs whose every leaf is traced leave as they are, so the common case costs nothing
+    on the way out; `unpack_output` tells the two apart by type.
+    """
+
+    __slots__ = ("dynamic", "static")
+
+    def __init__(self, dynamic: list[Any], static: StaticOutput):
+        self.dynamic = dynamic
+        self.static = static
+
+
+jax.tree_util.register_pytree_node(
+    PackedOutput, lambda p: ((p.dynamic,), p.static), lambda s, c: PackedOutput(c[0], s)
+)
+
+
+def pack_output(out: Any, out_spec: Any, transform: str) -> Any:
+    """`out` itself where the `out=` spec traces all its leaves, else a `PackedOutput`."""
+    dynamic, static = split_output(out, out_spec, transform)
+    if not static.static:
+        return out
+    return PackedOutput(dynamic, static)
+
+
+def unpack_output(result: Any) -> Any:
+    """The output as the function returned it, from what `pack_output` gave."""
+    if type(result) is PackedOutput:
+        return result.static.rebuild(result.dynamic)
+    return result
