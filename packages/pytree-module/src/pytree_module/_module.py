@@ -215,15 +215,9 @@ class Module(metaclass=_ModuleMeta):
         return tree_pformat(self)
 
     def __pdoc__(self, **kwargs: Any) -> Any:
-        import wadler_lindig as wl
+        from ._pformat import constructor_pdoc
 
-        return wl.bracketed(
-            begin=wl.TextDoc(f"{type(self).__name__}("),
-            docs=wl.named_objs(repr_items(self), **kwargs),
-            sep=wl.comma,
-            end=wl.TextDoc(")"),
-            indent=kwargs.get("indent", 2),
-        )
+        return constructor_pdoc(self, repr_items(self), **kwargs)
 
     def __treescope_repr__(self, path: str | None, subtree_renderer: Callable) -> Any:
         from treescope import repr_lib

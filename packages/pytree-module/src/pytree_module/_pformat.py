@@ -62,3 +62,14 @@ def tree_pprint(tree: Any, *, width: int = 80, indent: int = 2, short_arrays: bo
         [i32[2], 'x']
     """
     print(tree_pformat(tree, width=width, indent=indent, short_arrays=short_arrays))
+
+
+def constructor_pdoc(obj: Any, items: list[tuple[str, Any]], **kwargs: Any) -> Any:
+    """The wadler-lindig document `ClassName(name=value, ...)` for `obj`'s `__pdoc__`."""
+    return wadler_lindig.bracketed(
+        begin=wadler_lindig.TextDoc(f"{type(obj).__name__}("),
+        docs=wadler_lindig.named_objs(items, **kwargs),
+        sep=wadler_lindig.comma,
+        end=wadler_lindig.TextDoc(")"),
+        indent=kwargs.get("indent", 2),
+    )

@@ -1,0 +1,167 @@
+"""`GraphDef`: the static structure of an object graph, and rebuilding a graph from it."""
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from pytree_module import Module
+from pytree_module._trace import current_trace_token
+
+from ._variables import Variable
+
+# Record tags. A graph is described by nested tuples of records; each begins with a tag.
+MODULE = 0  # (MODULE, entry, index, children, early): a pytree Module, rebuilt by its entry
+OBJECT = 1  # (OBJECT, cls, index, ((name, record), ...)): a `pytree=False` Module
+SHARED = 2  # (SHARED, index): an object met before on another path
+VARIABLE = 3  # (VARIABLE, kind, index, position): a Variable; its value is leaf `position`
+LEAF = 4  # (LEAF, position): an array, leaf `position` of the state
+STATIC = 5  # (STATIC, value): any other value, kept as it is
+LIST = 6  # (LIST, children)
+TUPLE = 7  # (TUPLE, children)
+DICT = 8  # (DICT, keys, children)
+PYTREE = 9  # (PYTREE, treedef, children): any other registered pytree node
+
+_set_trace = Module._pm_trace.__set__  # type: ignore[attr-defined]
+_set_flat = Module._pm_flat.__set__  # type: ignore[attr-defined]
+
+
+class GraphDef:
+    """The static structure of an object graph: everything but its Variables and arrays.
+
+    `split` returns it with the State; `merge(graphdef, state)` (or `graphdef.merge(state)`)
+    builds a new graph of the same structure. It records the classes, static attributes,
+    Variable types and metadata, and which objects are shared, so sharing (and cycles
+    through `pytree=False` objects) come back. It is hashable and compares by value, and
+    it is a pytree with no leaves, so it can be passed to `jax.jit` as an ordinary
+    argument: equal graphdefs hit the same compiled function.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, split
+        >>> class Linear(Module):
+        ...     def __init__(self):
+        ...         self.w = Param(jnp.ones(2))
+        >>> graphdef, state = split(Linear())
+        >>> graphdef == split(Linear())[0], graphdef.num_leaves
+        (True, 1)
+        >>> type(graphdef.merge(state).w).__name__
+        'Param'
+    """
+
+    __slots__ = ("_hash", "num_leaves", "num_objects", "paths", "root")
+
+    def __init__(self, root: tuple, paths: tuple[tuple[Any, ...], ...], num_objects: int) -> None:
+        self.root = root
+        self.paths = paths
+        self.num_leaves = len(paths)
+        self.num_objects = num_objects
+        self._hash: int | None = None
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash((self.root, self.paths))
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, GraphDef):
+            return NotImplemented
+        return hash(self) == hash(other) and self.root == other.root and self.paths == other.paths
+
+    def __repr__(self) -> str:
+        return f"GraphDef({_describe(self.root)}, leaves={self.num_leaves})"
+
+    def merge(self, *states: Any) -> Any:
+        """Build a new graph from this structure and the given States (see `merge`)."""
+        from ._split_merge import merge
+
+        return merge(self, *states)
+
+
+jax.tree_util.register_pytree_node(GraphDef, lambda g: ((), g), lambda g, _: g)
+
+
+def _describe(record: tuple) -> str:
+    tag = record[0]
+    if tag == MODULE:
+        return record[1].layout.cls.__name__
+    if tag == OBJECT:
+        return record[1].__name__
+    return type(record).__name__
+
+
+def build(graphdef: GraphDef, values: Sequence[Any]) -> Any:
+    """Build the graph `graphdef` describes, taking its leaves from `values` (in order).
+
+    A value for a Variable may be a Variable (its type and metadata are used) or a bare
+    value (the graphdef's type and metadata are used).
+    """
+    objects: list[Any] = [None] * graphdef.num_objects
+    return _builder(values, objects)(graphdef.root)
+
+
+def _builder(values: Sequence[Any], objects: list[Any]) -> Callable[[tuple], Any]:
+    def visit(record: tuple) -> Any:
+        tag = record[0]
+        if tag == VARIABLE:
+            _, kind, index, position = record
+            value = values[position]
+            if isinstance(value, Variable):
+                value_kind = value._pg_flat[1]
+                value = value_kind((value.value,))
+            else:
+                value = kind((value,))
+            objects[index] = value
+            return value
+        if tag == MODULE:
+            _, entry, index, children, early = record
+            if early:
+                return _early_module(entry, index, children)
+            module = entry(tuple(map(visit, children)))
+            objects[index] = module
+            return module
+        if tag == LEAF:
+            return values[record[1]]
+        if tag == SHARED:
+            return objects[record[1]]
+        if tag == STATIC:
+            return record[1]
+        if tag == LIST:
+            return list(map(visit, record[1]))
+        if tag == TUPLE:
+            return tuple(map(visit, record[1]))
+        if tag == DICT:
+            return dict(zip(record[1], map(visit, record[2]), strict=True))
+        if tag == PYTREE:
+            return record[1].unflatten(list(map(visit, record[2])))
+        # OBJECT: made empty first, so that objects below it can refer back to it (cycles).
+        _, cls, index, attributes = record
+        obj = object.__new__(cls)
+        _set_trace(obj, current_trace_token())
+        objects[index] = obj
+        for name, child in attributes:
+            object.__setattr__(obj, name, visit(child))
+        return obj
+
+    def _early_module(entry: Any, index: int, records: tuple) -> Module:
+        # Reached again through a `pytree=False` object below it (a cycle): made empty
+        # first and filled after its children, as its treedef entry would have made it.
+        layout = entry.layout
+        module = object.__new__(layout.cls)
+        _set_trace(module, current_trace_token())
+        objects[index] = module
+        children = tuple(map(visit, records))
+        attributes = module.__dict__
+        attributes.update(zip(layout.data_keys, children, strict=True))
+        for key, value, unhashable in zip(
+            layout.static_keys, entry.statics, layout.unhashable, strict=True
+        ):
+            attributes[key] = copy.copy(value) if unhashable else value
+        _set_flat(module, (children, entry))
+        return module
+
+    return visit

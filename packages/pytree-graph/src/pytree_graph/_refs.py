@@ -1,0 +1,164 @@
+"""`deref` and `reref`: shared Variables across any JAX transform, for any pytree."""
+
+from typing import Any
+
+import jax
+
+from ._variables import Variable, _Kind
+
+
+class VariableValue:
+    """What `deref` puts where a Variable was first met: its value, and in the treedef its
+    type, metadata and index. A pytree whose only leaf is the value."""
+
+    __slots__ = ("index", "kind", "value")
+
+    def __init__(self, value: Any, kind: _Kind, index: int):
+        self.value = value
+        self.kind = kind
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"VariableValue({self.kind.cls.__name__}, index={self.index}, value={self.value!r})"
+
+
+class VariableIndex:
+    """What `deref` puts where an already-met Variable appears again: a pytree with no
+    leaves, pointing at the `VariableValue` of the same index."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"VariableIndex({self.index})"
+
+
+jax.tree_util.register_pytree_with_keys(
+    VariableValue,
+    lambda v: (((jax.tree_util.GetAttrKey("value"), v.value),), (v.kind, v.index)),
+    lambda aux, children: VariableValue(children[0], *aux),
+    lambda v: ((v.value,), (v.kind, v.index)),
+)
+jax.tree_util.register_pytree_node(
+    VariableIndex, lambda v: ((), v.index), lambda i, _: VariableIndex(i)
+)
+
+
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, Variable)
+
+
+def _is_ref_leaf(x: Any) -> bool:
+    return isinstance(x, Variable | VariableValue | VariableIndex)
+
+
+def deref(tree: Any) -> Any:
+    """Replace the Variables of a pytree by plain values, keeping track of sharing.
+
+    The first time a Variable is met it becomes a `VariableValue` (its value, a leaf,
+    with its type and metadata in the treedef); later places holding the same Variable
+    become a `VariableIndex`, which has no leaves. The result is an ordinary pytree: pass
+    it through any JAX transform, then `reref` it to get Variables back, shared as before.
+
+    Arguments:
+        tree: any pytree (Modules included) holding Variables.
+
+    Returns:
+        The same structure with the Variables replaced.
+
+    Examples:
+        >>> import jax
+        >>> from pytree_graph import Variable, deref, reref
+        >>> shared = Variable(1.0)
+        >>> tree = {"a": [shared, shared], "b": Variable(2.0)}
+        >>> @jax.jit
+        ... def double(tree):
+        ...     tree = reref(tree)
+        ...     tree["a"][0].value = tree["a"][0].value * 2  # also tree["a"][1]
+        ...     return deref(tree)
+        >>> out = reref(double(deref(tree)))
+        >>> out["a"][0] is out["a"][1], float(out["a"][1].value)
+        (True, 2.0)
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_variable)
+    index: dict[int, int] = {}
+    keep: list[Variable] = []  # holds the Variables, so ids stay unique meanwhile
+    out = []
+    for leaf in leaves:
+        if isinstance(leaf, Variable):
+            found = index.get(id(leaf))
+            if found is None:
+                found = index[id(leaf)] = len(keep)
+                keep.append(leaf)
+                children, kind = leaf._pg_flat
+                leaf = VariableValue(children[0], kind, found)
+            else:
+                leaf = VariableIndex(found)
+        out.append(leaf)
+    return treedef.unflatten(out)
+
+
+def reref(tree: Any) -> Any:
+    """Turn a `deref`'d pytree back into one holding Variables, shared as they were.
+
+    The Variables are new (created in the current JAX trace, so they may be written to
+    there).
+
+    Arguments:
+        tree: a pytree from `deref` (possibly transformed: its values may be tracers).
+
+    Returns:
+        The same structure, each `VariableValue`/`VariableIndex` replaced by a Variable.
+
+    Examples:
+        >>> from pytree_graph import Param, deref, reref
+        >>> type(reref(deref([Param(1.0)]))[0]).__name__
+        'Param'
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_ref_leaf)
+    made: dict[int, Variable] = {}
+    out = []
+    for leaf in leaves:
+        if isinstance(leaf, VariableValue):
+            made[leaf.index] = variable = leaf.kind((leaf.value,))
+            leaf = variable
+        elif isinstance(leaf, VariableIndex):
+            try:
+                leaf = made[leaf.index]
+            except KeyError:
+                raise ValueError(
+                    f"reref: VariableIndex({leaf.index}) comes before the VariableValue it "
+                    "points to. Pass the whole tree `deref` returned, unchanged in structure."
+                ) from None
+        out.append(leaf)
+    return treedef.unflatten(out)
+
+
+def update_refs(target: Any, source: Any) -> None:
+    """Write the values of `source` into the Variables of `target`, place by place.
+
+    `source` has `target`'s structure, with a Variable, a `VariableValue`, a
+    `VariableIndex` (skipped: the shared Variable is written where its value is) or a
+    bare value in each Variable's place.
+    """
+    targets, target_def = jax.tree_util.tree_flatten(target, is_leaf=_is_variable)
+    sources, source_def = jax.tree_util.tree_flatten(source, is_leaf=_is_ref_leaf)
+    if len(targets) != len(sources):
+        raise ValueError(
+            f"update: the source has {len(sources)} places for values but the target has "
+            f"{len(targets)}. Pass a source with the target's structure (from `deref(target)` "
+            f"or a matching partition).\n  target: {target_def}\n  source: {source_def}"
+        )
+    writes = []
+    for place, (variable, value) in enumerate(zip(targets, sources, strict=True)):
+        if not isinstance(variable, Variable) or isinstance(value, VariableIndex):
+            continue
+        if isinstance(value, Variable | VariableValue):
+            value = value.value
+        if isinstance(value, Variable | VariableValue | VariableIndex):
+            raise ValueError(f"update: unexpected {type(value).__name__} at place {place}.")
+        writes.append((variable, value))
+    for variable, value in writes:
+        variable.value = value

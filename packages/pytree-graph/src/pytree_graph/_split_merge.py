@@ -1,0 +1,336 @@
+"""The graph API: `split`, `merge`, `state`, `update`, `pop`, `graphdef`, `clone`."""
+
+from collections.abc import Mapping
+from typing import Any
+
+from pytree_module import Module
+
+from ._graphdef import GraphDef, build
+from ._refs import update_refs
+from ._state import Path, State, _partition
+from ._traverse import GraphWalk, show_path
+from ._variables import Variable
+
+
+def _snapshot(leaf: Any) -> Any:
+    """A new Variable with the same type, metadata and value (arrays are kept as they are)."""
+    if isinstance(leaf, Variable):
+        children, kind = leaf._pg_flat
+        return kind(children)
+    return leaf
+
+
+def _walk(node: Any) -> tuple[GraphDef, GraphWalk]:
+    walk = GraphWalk()
+    graphdef = walk.graphdef(node)
+    if walk.paths and walk.paths[0] == ():
+        raise TypeError(
+            f"Expected an object graph (a Module, or a list, dict or tuple holding "
+            f"Modules, Variables or arrays), got a {type(node).__name__} on its own: a "
+            "State needs a key for each leaf. Wrap it, e.g. `split([variable])`."
+        )
+    return graphdef, walk
+
+
+def _states(flat: dict[Path, Any], filters: tuple[Any, ...], exhaustive: bool) -> Any:
+    if not filters:
+        return (State.from_flat_path(flat),)
+    parts = _partition(flat, filters, exhaustive)
+    return tuple(State.from_flat_path(part) for part in parts[:-1])
+
+
+def split(node: Any, *filters: Any) -> tuple[Any, ...]:
+    """Split an object graph into its structure and its state.
+
+    Shared Modules and Variables appear once in the State (at the first path that reaches
+    them) and are shared again by `merge`. The State holds new Variables with the same
+    values and metadata, so changing it does not change `node`.
+
+    Arguments:
+        node: a Module (or a list, dict or tuple of them).
+        *filters: optional filters (Variable types such as `Param`, `...`, filter
+            objects, predicates on the leaf) to split the state into several States. A
+            leaf goes to the first filter it matches, and every Variable and array must
+            match one: end with `...` to collect the rest.
+
+    Returns:
+        `(graphdef, state)`, or `(graphdef, state_1, ..., state_n)` with n filters.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import BatchStat, Param, merge, split
+        >>> class Norm(Module):
+        ...     def __init__(self):
+        ...         self.scale = Param(jnp.ones(2))
+        ...         self.mean = BatchStat(jnp.zeros(2))
+        >>> graphdef, params, stats = split(Norm(), Param, BatchStat)
+        >>> list(params), list(stats)
+        (['scale'], ['mean'])
+        >>> type(merge(graphdef, params, stats)).__name__
+        'Norm'
+    """
+    graphdef, walk = _walk(node)
+    flat = dict(zip(walk.paths, map(_snapshot, walk.leaves), strict=True))
+    return (graphdef, *_states(flat, filters, exhaustive=True))
+
+
+def state(node: Any, *filters: Any) -> Any:
+    """The state of an object graph (as `split` gives it), without the structure.
+
+    Arguments:
+        node: a Module (or a list, dict or tuple of them).
+        *filters: optional filters; unlike `split`, leaves matching none are left out.
+
+    Returns:
+        A `State`, or a tuple of States with several filters.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, state
+        >>> class Linear(Module):
+        ...     def __init__(self):
+        ...         self.w = Param(jnp.ones(2))
+        ...         self.count = 0
+        >>> state(Linear()).to_pure_dict()["w"].tolist()
+        [1.0, 1.0]
+    """
+    _, walk = _walk(node)
+    flat = dict(zip(walk.paths, map(_snapshot, walk.leaves), strict=True))
+    states = _states(flat, filters, exhaustive=False)
+    return states[0] if len(states) == 1 else states
+
+
+def graphdef(node: Any) -> GraphDef:
+    """The `GraphDef` of an object graph (as `split` gives it), without the state.
+
+    Examples:
+        >>> from pytree_module import Module
+        >>> from pytree_graph import graphdef
+        >>> class Empty(Module):
+        ...     pass
+        >>> graphdef(Empty()) == graphdef(Empty())
+        True
+    """
+    return GraphWalk().graphdef(node)
+
+
+def merge(graphdef: GraphDef, *states: Any) -> Any:
+    """Build a new object graph from a `GraphDef` and States (the inverse of `split`).
+
+    Arguments:
+        graphdef: from `split` or `graphdef`.
+        *states: States (or nested dicts) that together hold exactly the paths the
+            graphdef needs; Variables in them give their type and metadata, bare values
+            take those recorded in the graphdef.
+
+    Returns:
+        The new graph: new Modules and Variables, shared where the original was.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, merge, split
+        >>> class Tied(Module):
+        ...     def __init__(self):
+        ...         self.encoder = Param(jnp.ones(2))
+        ...         self.decoder = self.encoder
+        >>> model = merge(*split(Tied()))
+        >>> model.encoder is model.decoder
+        True
+    """
+    if not isinstance(graphdef, GraphDef):
+        raise TypeError(
+            f"merge expects a GraphDef first (from `split`), got {type(graphdef).__name__}. "
+            "Call it as `merge(graphdef, state, ...)`."
+        )
+    flat: dict[Path, Any] = {}
+    for part in states:
+        if not isinstance(part, Mapping):
+            raise TypeError(f"merge expects States after the GraphDef, got {type(part).__name__}.")
+        flat.update(part.flat_state() if isinstance(part, State) else State(part).flat_state())
+    missing = [path for path in graphdef.paths if path not in flat]
+    if missing or len(flat) != graphdef.num_leaves:
+        expected = set(graphdef.paths)
+        extra = [path for path in flat if path not in expected]
+        raise ValueError(
+            "merge: the States do not match the GraphDef. "
+            + (f"Missing paths: {missing}. " if missing else "")
+            + (f"Paths the GraphDef does not have: {extra}. " if extra else "")
+            + "Pass every State that `split` returned for this graphdef, and no others."
+        )
+    return build(graphdef, [flat[path] for path in graphdef.paths])
+
+
+def clone(node: Any) -> Any:
+    """A deep copy of an object graph, with its sharing: `merge(*split(node))`.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, clone
+        >>> class Linear(Module):
+        ...     def __init__(self):
+        ...         self.w = Param(jnp.ones(2))
+        >>> model = Linear()
+        >>> copy = clone(model)
+        >>> copy.w is model.w, copy.w.value is model.w.value
+        (False, True)
+    """
+    return merge(*split(node))
+
+
+def _child(obj: Any, key: Any) -> Any:
+    if isinstance(obj, Module) or (isinstance(key, str) and not isinstance(obj, Mapping)):
+        return getattr(obj, key)
+    return obj[key]
+
+
+def _locate(node: Any, path: Path) -> tuple[Any, Any]:
+    """The object holding the leaf at `path`, and the leaf itself."""
+    parent = node
+    for depth, key in enumerate(path):
+        try:
+            child = _child(parent, key)
+        except (AttributeError, KeyError, IndexError, TypeError):
+            raise ValueError(
+                f"update: the graph has nothing at {show_path(path[: depth + 1])}, a path "
+                "of the State. Use a State taken from this graph (or one of the same "
+                "structure)."
+            ) from None
+        if depth < len(path) - 1:
+            parent = child
+    return parent, child
+
+
+def _can_assign(parent: Any, key: Any) -> bool:
+    return isinstance(parent, Module | list | dict) or (
+        isinstance(key, str) and not isinstance(parent, tuple)
+    )
+
+
+def _assign(parent: Any, key: Any, value: Any) -> None:
+    if isinstance(parent, Module) or not isinstance(parent, list | dict):
+        setattr(parent, key, value)
+    else:
+        parent[key] = value
+
+
+def update(node: Any, *states: Any) -> None:
+    """Write States (or a deref'd tree) back into a live graph, in place.
+
+    Each Variable at a State's path gets the State's value (and its metadata, when the
+    State holds a Variable); an array attribute or item is replaced. Every path is
+    checked before anything is written, so a State that does not fit changes nothing.
+
+    When `node` is any pytree holding Variables and the source is not a State (a tree
+    from `deref`, a tree of Variables, or of values in the Variables' places), each
+    Variable of `node` takes the value at its place in the source.
+
+    Arguments:
+        node: the live graph (or pytree of Variables) to write into.
+        *states: States from `split`/`state` (or one source tree, see above).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, split, update
+        >>> class Linear(Module):
+        ...     def __init__(self):
+        ...         self.w = Param(jnp.ones(2))
+        >>> model = Linear()
+        >>> graphdef, state = split(model)
+        >>> state.w.value = state.w.value * 3
+        >>> update(model, state)
+        >>> model.w.value.tolist()
+        [3.0, 3.0]
+    """
+    if not states:
+        raise TypeError("update needs at least one State (or source tree) to write.")
+    if not all(isinstance(s, State) for s in states):
+        if len(states) != 1:
+            raise TypeError(
+                "update: pass States (from split/state), or exactly one source tree "
+                "(from deref, or of Variables or values)."
+            )
+        update_refs(node, states[0])
+        return
+    writes = []
+    for part in states:
+        for path, leaf in part.flat_state().items():
+            if not path:
+                continue
+            parent, current = _locate(node, path)
+            if not isinstance(current, Variable) and not _can_assign(parent, path[-1]):
+                raise ValueError(
+                    f"update: the array at {show_path(path)} is inside a "
+                    f"{type(parent).__name__}, which cannot be changed in place. Hold it "
+                    "in a Variable, a list or a dict instead, or build a new graph with "
+                    "`merge`."
+                )
+            writes.append((parent, path, current, leaf))
+    for parent, path, current, leaf in writes:
+        if isinstance(current, Variable):
+            value = leaf.value if isinstance(leaf, Variable) else leaf
+            if isinstance(leaf, Variable) and leaf._pg_flat[1] is not current._pg_flat[1]:
+                for name, meta in leaf.metadata.items():
+                    setattr(current, name, meta)
+            current.value = value
+        else:
+            _assign(parent, path[-1], leaf.value if isinstance(leaf, Variable) else leaf)
+
+
+def pop(node: Any, *filters: Any) -> Any:
+    """Remove the Variables matching the filters from a graph, and return them.
+
+    Every reference to a removed Variable is deleted (as an attribute or a dict entry).
+
+    Arguments:
+        node: a Module (or a list, dict or tuple of them).
+        *filters: one or more filters; leaves matching none stay in the graph.
+
+    Returns:
+        A State of the removed Variables, or a tuple of States with several filters.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Intermediate, Param, pop
+        >>> class Layer(Module):
+        ...     def __init__(self):
+        ...         self.w = Param(jnp.ones(2))
+        ...         self.y_mean = Intermediate(jnp.array(0.5))
+        >>> layer = Layer()
+        >>> list(pop(layer, Intermediate)), hasattr(layer, "y_mean")
+        (['y_mean'], False)
+    """
+    if not filters:
+        raise TypeError("pop needs at least one filter saying which Variables to remove.")
+    walk = GraphWalk(record_shared=True)
+    walk.graphdef(node)
+    flat = dict(zip(walk.paths, walk.leaves, strict=True))
+    parts = _partition(flat, filters, exhaustive=False)
+    removed = {id(leaf) for part in parts[:-1] for leaf in part.values()}
+    assert walk.shared_paths is not None
+    deletions = []
+    for leaf in walk.leaves:
+        if id(leaf) in removed:
+            for path in walk.shared_paths[walk.index[id(leaf)]]:
+                parent, _ = _locate(node, path)
+                if not isinstance(parent, Module | dict):
+                    raise ValueError(
+                        f"pop: the {type(leaf).__name__} at {show_path(path)} is inside a "
+                        f"{type(parent).__name__}, whose items cannot be removed one by one. "
+                        "Keep such Variables in Module attributes or dicts."
+                    )
+                deletions.append((parent, path[-1]))
+    for parent, key in deletions:
+        if isinstance(parent, Module):
+            delattr(parent, key)
+        else:
+            del parent[key]
+    states = tuple(
+        State.from_flat_path({p: _snapshot(v) for p, v in part.items()}) for part in parts[:-1]
+    )
+    return states[0] if len(states) == 1 else states

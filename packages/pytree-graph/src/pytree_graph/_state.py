@@ -1,0 +1,308 @@
+"""`State`: the Variables and arrays of a graph, as a nested mapping that is a pytree."""
+
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from typing import Any
+
+import jax
+from jax.tree_util import DictKey
+
+from pytree_filter import to_predicate
+
+from ._variables import Variable
+
+Path = tuple[Any, ...]
+
+
+class State(MutableMapping):
+    """The Variables and arrays of an object graph, nested by attribute name and index.
+
+    `split` and `state` return States; `merge` and `update` take them. A State is a pytree
+    (its leaves are the arrays inside its Variables), so it goes through `jax.jit`,
+    `jax.grad` and optax as it is. Read it like nested dicts (`state["layers"][0]["w"]`) or
+    by attribute (`state.layers[0].w`); `flat_state()` gives `{path: leaf}`.
+
+    Arguments:
+        mapping: nested mappings whose leaves are Variables or arrays (default: empty).
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from pytree_graph import Param, State
+        >>> state = State({"linear": {"w": Param(jnp.ones(2)), "b": Param(jnp.zeros(2))}})
+        >>> state.linear.w.value.tolist()
+        [1.0, 1.0]
+        >>> jax.tree.map(lambda x: x + 1, state).to_pure_dict()["linear"]["b"].tolist()
+        [1.0, 1.0]
+        >>> sorted(state.flat_state())
+        [('linear', 'b'), ('linear', 'w')]
+    """
+
+    __slots__ = ("_mapping",)
+
+    def __init__(self, mapping: Mapping[Any, Any] | None = None):
+        items: dict[Any, Any] = {}
+        for key, value in (mapping or {}).items():
+            items[key] = State(value) if isinstance(value, Mapping) else value
+        object.__setattr__(self, "_mapping", items)
+
+    # ------------------------------------------------------------------ mapping protocol
+
+    def __getitem__(self, key: Any) -> Any:
+        try:
+            return self._mapping[key]
+        except KeyError:
+            raise KeyError(f"State has no key {key!r}; its keys: {list(self._mapping)}.") from None
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._mapping[key] = State(value) if isinstance(value, Mapping) else value
+
+    def __delitem__(self, key: Any) -> None:
+        del self._mapping[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._mapping)
+
+    def __len__(self) -> int:
+        return len(self._mapping)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        mapping = object.__getattribute__(self, "_mapping")
+        if name in mapping:
+            return mapping[name]
+        raise AttributeError(f"State has no key {name!r}; its keys: {list(mapping)}.")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self[name] = value
+
+    # Identity, as for Modules: element-wise comparison of arrays has no single truth
+    # value. Compare States with `pytree_module.tree_equal`.
+    __eq__ = object.__eq__
+    __hash__ = None  # type: ignore[assignment]
+
+    # --------------------------------------------------------------------- flat views
+
+    def flat_state(self) -> dict[Path, Any]:
+        """`{path: leaf}` for every Variable or array, paths being tuples of keys."""
+        flat: dict[Path, Any] = {}
+        _flatten_into(self, (), flat)
+        return flat
+
+    @classmethod
+    def from_flat_path(cls, flat: Mapping[Path, Any]) -> "State":
+        """The State with leaves `flat` (`{path: leaf}`), the inverse of `flat_state`.
+
+        Arguments:
+            flat: a mapping from tuples of keys to Variables or arrays.
+
+        Returns:
+            The nested State.
+
+        Examples:
+            >>> from pytree_graph import State
+            >>> State.from_flat_path({("a", "b"): 1.0}).to_pure_dict()
+            {'a': {'b': 1.0}}
+        """
+        root: dict[Any, Any] = {}
+        for path, leaf in flat.items():
+            if not path:
+                raise ValueError("A State path cannot be empty: every leaf needs a key.")
+            node = root
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+                if not isinstance(node, dict):
+                    raise ValueError(f"Path {path} goes through a leaf at {key!r}.")
+            node[path[-1]] = leaf
+        return cls(root)
+
+    def to_pure_dict(self) -> dict[Any, Any]:
+        """Plain nested dicts of the values (each Variable replaced by its `.value`)."""
+        return {
+            k: v.to_pure_dict()
+            if isinstance(v, State)
+            else (v.value if isinstance(v, Variable) else v)
+            for k, v in self._mapping.items()
+        }
+
+    def to_dict(self) -> dict[Any, Any]:
+        """Plain nested dicts of the leaves (Variables kept as Variables)."""
+        return {k: v.to_dict() if isinstance(v, State) else v for k, v in self._mapping.items()}
+
+    def replace_by_pure_dict(self, pure: Mapping[Any, Any]) -> "State":
+        """A State like this one with values from plain nested dicts (`to_pure_dict`'s form).
+
+        Arguments:
+            pure: nested dicts with the same keys as this State, holding values.
+
+        Returns:
+            A new State: each Variable replaced by one of the same type and metadata
+            holding the new value; bare arrays replaced by the new values.
+
+        Examples:
+            >>> import jax.numpy as jnp
+            >>> from pytree_graph import Param, State
+            >>> state = State({"w": Param(jnp.zeros(2))})
+            >>> state.replace_by_pure_dict({"w": jnp.ones(2)}).w
+            Param(value=f32[2])
+        """
+        flat = self.flat_state()
+        new = _flat_pure(pure)
+        missing = [p for p in flat if p not in new]
+        extra = [p for p in new if p not in flat]
+        if missing or extra:
+            raise ValueError(
+                "replace_by_pure_dict: the dict does not match the State. "
+                + (f"Missing paths: {missing}. " if missing else "")
+                + (f"Paths not in the State: {extra}." if extra else "")
+            )
+        return State.from_flat_path(
+            {
+                p: leaf.replace(new[p]) if isinstance(leaf, Variable) else new[p]
+                for p, leaf in flat.items()
+            }
+        )
+
+    # ---------------------------------------------------------------------- filtering
+
+    def filter(self, first: Any, /, *filters: Any) -> Any:
+        """The leaves matching each filter, as one State per filter.
+
+        Arguments:
+            first: a filter (a Variable type, `...`, a filter object, a predicate on the
+                leaf); filters see `(path, leaf)`, and a leaf goes to the first filter it
+                matches. Leaves matching none are left out.
+            *filters: more filters, one State each.
+
+        Returns:
+            A State, or a tuple of States when several filters are given.
+
+        Examples:
+            >>> import jax.numpy as jnp
+            >>> from pytree_graph import BatchStat, Param, State
+            >>> state = State({"w": Param(jnp.ones(1)), "mean": BatchStat(jnp.zeros(1))})
+            >>> list(state.filter(Param))
+            ['w']
+        """
+        parts = _partition(self.flat_state(), (first, *filters), exhaustive=False)
+        states = tuple(State.from_flat_path(part) for part in parts[:-1])
+        return states[0] if len(states) == 1 else states
+
+    def split(self, first: Any, /, *filters: Any) -> Any:
+        """Like `filter`, but every leaf must match a filter (end with `...` for the rest)."""
+        parts = _partition(self.flat_state(), (first, *filters), exhaustive=True)
+        states = tuple(State.from_flat_path(part) for part in parts[:-1])
+        return states[0] if len(states) == 1 else states
+
+    @staticmethod
+    def merge(state: "State", /, *states: "State") -> "State":
+        """One State holding the leaves of all of them (later ones win on equal paths).
+
+        Examples:
+            >>> from pytree_graph import State
+            >>> State.merge(State({"a": 1.0}), State({"b": 2.0})).to_pure_dict()
+            {'a': 1.0, 'b': 2.0}
+        """
+        flat: dict[Path, Any] = {}
+        for part in (state, *states):
+            flat.update(part.flat_state())
+        return State.from_flat_path(flat)
+
+    def __or__(self, other: "State") -> "State":
+        return State.merge(self, other)
+
+    # -------------------------------------------------------------------------- display
+
+    def __repr__(self) -> str:
+        from pytree_module import tree_pformat
+
+        return tree_pformat(self)
+
+    def __pdoc__(self, **kwargs: Any) -> Any:
+        import wadler_lindig as wl
+
+        return wl.bracketed(
+            begin=wl.TextDoc("State({"),
+            docs=[
+                wl.ConcatDoc(wl.pdoc(k, **kwargs), wl.TextDoc(": "), wl.pdoc(v, **kwargs))
+                for k, v in self._mapping.items()
+            ],
+            sep=wl.comma,
+            end=wl.TextDoc("})"),
+            indent=kwargs.get("indent", 2),
+        )
+
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Callable) -> Any:
+        from treescope import repr_lib
+
+        return repr_lib.render_dictionary_wrapper(
+            object_type=type(self),
+            wrapped_dict=self._mapping,
+            path=path,
+            subtree_renderer=subtree_renderer,
+        )
+
+
+def _flatten_into(state: State, prefix: Path, flat: dict[Path, Any]) -> None:
+    for key, value in state._mapping.items():
+        if isinstance(value, State):
+            _flatten_into(value, (*prefix, key), flat)
+        else:
+            flat[(*prefix, key)] = value
+
+
+def _flat_pure(pure: Mapping[Any, Any], prefix: Path = ()) -> dict[Path, Any]:
+    flat: dict[Path, Any] = {}
+    for key, value in pure.items():
+        if isinstance(value, Mapping):
+            flat.update(_flat_pure(value, (*prefix, key)))
+        else:
+            flat[(*prefix, key)] = value
+    return flat
+
+
+def _partition(
+    flat: Mapping[Path, Any], filters: tuple[Any, ...], exhaustive: bool
+) -> list[dict[Path, Any]]:
+    """Split `{path: leaf}` by filters (first match wins); the last part is the rest."""
+    predicates = [to_predicate(f) for f in filters]
+    parts: list[dict[Path, Any]] = [{} for _ in range(len(filters) + 1)]
+    for path, leaf in flat.items():
+        for i, predicate in enumerate(predicates):
+            if predicate(path, leaf):
+                parts[i][path] = leaf
+                break
+        else:
+            if exhaustive:
+                raise ValueError(unmatched_message(path, leaf, filters))
+            parts[-1][path] = leaf
+    return parts
+
+
+def unmatched_message(path: Path, leaf: Any, filters: tuple[Any, ...]) -> str:
+    """The error for a leaf no filter matched, where the filters must cover everything."""
+    kind = type(leaf).__name__
+    shown = ", ".join(getattr(f, "__name__", repr(f)) for f in filters)
+    return (
+        f"No filter matched the {kind} at path {path}: with filters ({shown}) every "
+        f"Variable and array must match one. Add a filter for it (e.g. {kind}), or end "
+        "the filters with `...` to collect everything else."
+    )
+
+
+def _flatten_with_keys(state: State) -> tuple[tuple[tuple[DictKey, Any], ...], tuple]:
+    mapping = state._mapping
+    return tuple((DictKey(k), v) for k, v in mapping.items()), tuple(mapping)
+
+
+def _flatten(state: State) -> tuple[tuple[Any, ...], tuple]:
+    mapping = state._mapping
+    return tuple(mapping.values()), tuple(mapping)
+
+
+def _unflatten(keys: tuple, children: Any) -> State:
+    state = object.__new__(State)
+    object.__setattr__(state, "_mapping", dict(zip(keys, children, strict=True)))
+    return state
+
+
+jax.tree_util.register_pytree_with_keys(State, _flatten_with_keys, _unflatten, _flatten)

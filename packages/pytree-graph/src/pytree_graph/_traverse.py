@@ -1,0 +1,238 @@
+"""Walking a live object graph: its `GraphDef`, its Variables and arrays, shared objects."""
+
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+from pytree_filter import path_keys
+from pytree_module import Module
+
+from ._graphdef import (
+    DICT,
+    LEAF,
+    LIST,
+    MODULE,
+    OBJECT,
+    PYTREE,
+    SHARED,
+    STATIC,
+    TUPLE,
+    VARIABLE,
+    GraphDef,
+)
+from ._variables import Variable
+
+Path = tuple[Any, ...]
+
+# Leaves that are state: arrays, and shape structs (so `eval_shape` results split too).
+_STATE_LEAVES = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
+
+
+def _stops(value: Any) -> bool:
+    """Where a generic pytree flatten must stop: at graph nodes, which keep identity."""
+    return isinstance(value, Module | Variable)
+
+
+class GraphWalk:
+    """One depth-first walk of a graph, in a fixed order (attributes by name, items by
+    position), giving every Module and Variable an index at its first visit.
+
+    Attributes:
+        leaves: the live Variables and arrays, in order (each shared one once).
+        paths: the path of each leaf, at its first visit.
+        shared_paths: when `record_shared`, every path of each Module or Variable,
+            by index.
+        order: when `record_order`, `(path, value)` of every node and leaf, post-order.
+    """
+
+    def __init__(self, record_shared: bool = False, record_order: bool = False):
+        self.leaves: list[Any] = []
+        self.paths: list[Path] = []
+        self.index: dict[int, int] = {}
+        self.objects: list[Any] = []  # holds every indexed object, so ids stay unique
+        # Pytree Modules being walked, with the number of `pytree=False` objects entered
+        # when each was opened: a way back to one of them is a cycle.
+        self.open: dict[int, int] = {}
+        self.objects_entered = 0
+        self.early: set[int] = set()  # pytree Modules that merge must make before children
+        self.shared_paths: dict[int, list[Path]] | None = {} if record_shared else None
+        self.order: list[tuple[Path, Any]] | None = [] if record_order else None
+
+    def graphdef(self, node: Any) -> GraphDef:
+        """Walk `node` and return its `GraphDef`."""
+        root = self.visit(node, ())
+        return GraphDef(root, tuple(self.paths), len(self.objects))
+
+    def _seen(self, value: Any, path: Path) -> int | None:
+        found = self.index.get(id(value))
+        if found is not None and self.shared_paths is not None:
+            self.shared_paths[found].append(path)
+        return found
+
+    def _new_index(self, value: Any, path: Path) -> int:
+        i = self.index[id(value)] = len(self.objects)
+        self.objects.append(value)
+        if self.shared_paths is not None:
+            self.shared_paths[i] = [path]
+        return i
+
+    def _leaf(self, value: Any, path: Path) -> int:
+        self.leaves.append(value)
+        self.paths.append(path)
+        if self.order is not None:
+            self.order.append((path, value))
+        return len(self.leaves) - 1
+
+    def visit(self, value: Any, path: Path) -> tuple:
+        """The record of `value`, found at `path`."""
+        if isinstance(value, Variable):
+            found = self._seen(value, path)
+            if found is not None:
+                return (SHARED, found)
+            i = self._new_index(value, path)
+            return (VARIABLE, value._pg_flat[1], i, self._leaf(value, path))
+        if isinstance(value, Module):
+            return self._module(value, path)
+        if isinstance(value, _STATE_LEAVES):
+            return (LEAF, self._leaf(value, path))
+        kind = type(value)
+        if kind is list:
+            return (LIST, tuple(self.visit(v, (*path, i)) for i, v in enumerate(value)))
+        if kind is tuple:
+            return (TUPLE, tuple(self.visit(v, (*path, i)) for i, v in enumerate(value)))
+        if kind is dict:
+            keys = tuple(value)
+            return (DICT, keys, tuple(self.visit(value[k], (*path, k)) for k in keys))
+        if value is None:
+            return (STATIC, None)
+        return self._other(value, path)
+
+    def _module(self, module: Module, path: Path) -> tuple:
+        found = self._seen(module, path)
+        if found is not None:
+            opened_at = self.open.get(id(module))
+            if opened_at is not None and opened_at < self.objects_entered:
+                # A cycle back to a pytree Module through a `pytree=False` object: JAX never
+                # recurses into that object, and merge makes this Module before its children.
+                self.early.add(found)
+            elif opened_at is not None:
+                raise ValueError(
+                    f"The object graph has a cycle through {type(module).__name__} at "
+                    f"{show_path(path)}, a pytree Module: pytree Modules must form a tree "
+                    "(JAX flattens them recursively). Declare one class on the cycle with "
+                    f"`pytree=False` (e.g. `class {type(module).__name__}(Module, "
+                    "pytree=False)`): graph functions handle cycles through those."
+                )
+            return (SHARED, found)
+        i = self._new_index(module, path)
+        cls = type(module)
+        if cls.__module_pytree__:
+            self.open[id(module)] = self.objects_entered
+            children, entry = module._pm_flat
+            records = tuple(
+                self.visit(child, (*path, key))
+                for key, child in zip(entry.layout.data_keys, children, strict=True)
+            )
+            del self.open[id(module)]
+            record = (MODULE, entry, i, records, i in self.early)
+        else:
+            self.objects_entered += 1
+            attributes = sorted(vars(module).items())
+            record = (
+                OBJECT,
+                cls,
+                i,
+                tuple((name, self.visit(v, (*path, name))) for name, v in attributes),
+            )
+            self.objects_entered -= 1
+        if self.order is not None:
+            self.order.append((path, module))
+        return record
+
+    def _other(self, value: Any, path: Path) -> tuple:
+        keyed, treedef = jax.tree_util.tree_flatten_with_path(value, is_leaf=_stops)
+        if treedef.num_nodes == 1 and treedef.num_leaves == 1 and keyed[0][1] is value:
+            try:
+                hash(value)
+            except TypeError:
+                raise TypeError(
+                    f"The value at {show_path(path)} ({type(value).__name__}) is kept in the "
+                    "GraphDef, which must be hashable, but it is not. Store it as an array "
+                    "or in a Variable, or make it hashable (a tuple instead of a list, a "
+                    "frozen dataclass)."
+                ) from None
+            return (STATIC, value)
+        children = tuple(self.visit(leaf, (*path, *path_keys(p))) for p, leaf in keyed)
+        return (PYTREE, treedef, children)
+
+
+def show_path(path: Path) -> str:
+    """A path as text, e.g. `.layers[0].w`."""
+    return (
+        "the top level"
+        if not path
+        else "".join(
+            f".{k}" if isinstance(k, str) and k.isidentifier() else f"[{k!r}]" for k in path
+        )
+    )
+
+
+def iter_graph(node: Any) -> Iterator[tuple[Path, Any]]:
+    """Iterate over every Module, Variable and array of a graph, each shared one once.
+
+    Children come before their parents (post-order), so the root comes last; attributes
+    in name order, items in position order.
+
+    Arguments:
+        node: a Module (or any pytree or `pytree=False` object graph).
+
+    Returns:
+        An iterator of `(path, value)` pairs, paths being tuples of keys.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, iter_graph
+        >>> class Linear(Module):
+        ...     def __init__(self):
+        ...         self.w = Param(jnp.ones(2))
+        >>> [(path, type(value).__name__) for path, value in iter_graph(Linear())]
+        [(('w',), 'Param'), ((), 'Linear')]
+    """
+    walk = GraphWalk(record_order=True)
+    walk.graphdef(node)
+    assert walk.order is not None
+    return iter(walk.order)
+
+
+def find_duplicates(node: Any) -> list[list[Path]]:
+    """The Modules and Variables reachable by more than one path, as lists of their paths.
+
+    An empty list means the graph is a tree: JAX transforms would not lose any sharing.
+
+    Arguments:
+        node: a Module (or any pytree or `pytree=False` object graph).
+
+    Returns:
+        One list of paths per shared object, in the order they are first met.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import find_duplicates
+        >>> class Shared(Module):
+        ...     def __init__(self):
+        ...         self.x = jnp.array(1.0)
+        >>> class Parent(Module):
+        ...     def __init__(self):
+        ...         self.left = Shared()
+        ...         self.right = self.left
+        >>> find_duplicates(Parent())
+        [[('left',), ('right',)]]
+    """
+    walk = GraphWalk(record_shared=True)
+    walk.graphdef(node)
+    assert walk.shared_paths is not None
+    return [paths for paths in walk.shared_paths.values() if len(paths) > 1]

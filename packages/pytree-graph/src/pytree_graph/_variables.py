@@ -1,0 +1,395 @@
+"""Variables: mutable, shareable cells holding one value and its metadata."""
+
+import operator
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import jax
+from jax.tree_util import GetAttrKey
+
+from pytree_module import TraceContextError, register_data_type
+
+# The trace token helpers are shared with pytree_module's own guard, so Modules and
+# Variables agree on what "the same trace" means.
+from pytree_module._trace import current_trace_token, same_trace
+
+
+class _Kind:
+    """A Variable's type and metadata: the treedef entry of every Variable that has them.
+
+    Interned per (type, metadata), so treedefs compare kinds by identity; called with the
+    children of an unflatten, it builds a new Variable.
+    """
+
+    __slots__ = ("cls", "items", "metadata")
+
+    def __init__(self, cls: type, items: tuple[tuple[str, Any], ...]):
+        self.cls = cls
+        self.items = items
+        self.metadata = MappingProxyType(dict(items))
+
+    def __call__(self, children: Any) -> "Variable":
+        variable = object.__new__(self.cls)
+        _set_flat(variable, (tuple(children), self))
+        _set_trace(variable, current_trace_token())
+        return variable
+
+    def __repr__(self) -> str:
+        return f"{self.cls.__name__}{dict(self.items)}"
+
+
+_kinds: dict[tuple[type, tuple[tuple[str, Any], ...]], _Kind] = {}
+
+
+def _kind(cls: type, metadata: Mapping[str, Any]) -> _Kind:
+    items = tuple(sorted(metadata.items()))
+    key = (cls, items)
+    try:
+        return _kinds[key]
+    except KeyError:
+        pass
+    except TypeError:
+        for name, value in items:
+            try:
+                hash(value)
+            except TypeError:
+                raise TypeError(
+                    f"{cls.__name__} metadata {name!r} must be hashable (it is part of the "
+                    f"pytree structure), but {type(value).__name__} is not. Use a tuple "
+                    "instead of a list, or a frozen value."
+                ) from None
+        raise
+    kind = _kinds[key] = _Kind(cls, items)
+    return kind
+
+
+def _guard(variable: "Variable", what: str) -> None:
+    if not same_trace(variable._trace):
+        raise TraceContextError(
+            f"Cannot {what} of a {type(variable).__name__} created outside the current JAX "
+            "transform (it was captured, not passed in): the new value would leak a tracer "
+            "out of the transform. Pass the Variable (or the object holding it) into the "
+            "transformed function as an argument, use the graph transforms of pytree_graph "
+            "(which write updates back), or return the new value and assign it outside."
+        )
+
+
+class Variable:
+    """A mutable, shareable cell holding one value (usually an array) and its metadata.
+
+    Modules hold their state in Variables: `self.kernel = Param(w)`. A Variable can be
+    referenced from several places (weight tying); the graph functions (`split`, `merge`)
+    and transforms keep such sharing. Read and write the value with `.value` (or `v[...]`);
+    arithmetic, `@`, ordering comparisons and indexing apply to the value, so `x @ kernel`
+    works. `==` and `hash` are by identity, as for Modules: compare values with
+    `v.value == other`.
+
+    A Variable is a pytree node whose only child is its value; its type and metadata live
+    in the treedef. Metadata (any hashable keyword values, such as `sharding=("data", None)`)
+    is read and written as attributes and travels through every operation. Writing to a
+    Variable from inside a JAX transform it was not passed into raises `TraceContextError`.
+
+    Subclass it to make your own kinds of state: `class Count(Variable): pass`.
+
+    Arguments:
+        value: the value to hold.
+        **metadata: hashable values kept with it (e.g. `sharding`).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_graph import Param
+        >>> w = Param(jnp.ones((2, 3)), sharding=(None, "model"))
+        >>> (jnp.ones(2) @ w).shape, w.sharding
+        ((3,), (None, 'model'))
+        >>> w.value = w.value * 2
+        >>> w[0, 0]
+        Array(2., dtype=float32)
+    """
+
+    __slots__ = ("__weakref__", "_pg_flat", "_trace")
+
+    _pg_flat: tuple[tuple[Any], _Kind]
+    _trace: Any
+
+    def __init__(self, value: Any, **metadata: Any):
+        if isinstance(value, Variable):
+            raise TypeError(
+                f"{type(self).__name__}(...) got a {type(value).__name__}: a Variable "
+                "cannot hold another Variable. Pass its `.value`, or share the Variable "
+                "itself by assigning it."
+            )
+        _set_flat(self, ((value,), _kind(type(self), metadata)))
+        _set_trace(self, current_trace_token())
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        _register(cls)
+
+    @property
+    def value(self) -> Any:
+        """The value held."""
+        return self._pg_flat[0][0]
+
+    @value.setter
+    def value(self, value: Any) -> None:
+        if isinstance(value, Variable):
+            raise TypeError(
+                f"Cannot store a {type(value).__name__} inside a {type(self).__name__}: "
+                "assign its `.value`, or replace the attribute holding this Variable."
+            )
+        _guard(self, "set the value")
+        _set_flat(self, ((value,), self._pg_flat[1]))
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        """The metadata, as a read-only mapping."""
+        return self._pg_flat[1].metadata
+
+    def replace(self, value: Any = ..., **metadata: Any) -> "Variable":
+        """A new Variable of the same type, with `value` and `metadata` changed.
+
+        Arguments:
+            value: the new value (by default, this Variable's).
+            **metadata: metadata entries to set; the others are kept.
+
+        Returns:
+            The new Variable; this one is unchanged.
+
+        Examples:
+            >>> from pytree_graph import Param
+            >>> Param(1.0, tag="a").replace(2.0)
+            Param(value=2.0, tag='a')
+        """
+        return type(self)(self.value if value is ... else value, **{**self.metadata, **metadata})
+
+    def copy(self) -> "Variable":
+        """A new Variable of the same type holding the same value and metadata."""
+        return self.replace()
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails: metadata first, then the value's own
+        # attributes (`v.shape`, `v.dtype`, `v.T`).
+        if name.startswith("__") or name in ("_pg_flat", "_trace"):
+            raise AttributeError(name)
+        metadata = self._pg_flat[1].metadata
+        if name in metadata:
+            return metadata[name]
+        try:
+            return getattr(self._pg_flat[0][0], name)
+        except AttributeError:
+            raise AttributeError(
+                f"{type(self).__name__} has no metadata {name!r}, and its value "
+                f"({type(self.value).__name__}) has no such attribute. Metadata: "
+                f"{sorted(metadata) or 'none'}."
+            ) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "value":
+            Variable.value.fset(self, value)  # type: ignore[attr-defined]
+        elif name.startswith("_"):
+            raise AttributeError(
+                f"Cannot set {name!r} on a {type(self).__name__}: names starting with `_` "
+                "are reserved. Metadata names must not start with an underscore."
+            )
+        else:
+            _guard(self, f"set the metadata {name!r}")
+            kind = self._pg_flat[1]
+            _set_flat(self, (self._pg_flat[0], _kind(kind.cls, {**kind.metadata, name: value})))
+
+    def __delattr__(self, name: str) -> None:
+        kind = self._pg_flat[1]
+        if name not in kind.metadata:
+            raise AttributeError(f"{type(self).__name__} has no metadata {name!r} to delete.")
+        _guard(self, f"delete the metadata {name!r}")
+        metadata = {k: v for k, v in kind.metadata.items() if k != name}
+        _set_flat(self, (self._pg_flat[0], _kind(kind.cls, metadata)))
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.value[index]
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        if index is Ellipsis:
+            self.value = value
+            return
+        current = self.value
+        if not hasattr(current, "at"):
+            raise TypeError(
+                f"Cannot assign to part of a {type(self).__name__} holding a "
+                f"{type(current).__name__}: only JAX arrays support `v[index] = x`. Use "
+                "`v[...] = new_value` to replace the whole value."
+            )
+        self.value = current.at[index].set(value)
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.value)
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+    def __float__(self) -> float:
+        return float(self.value)
+
+    def __int__(self) -> int:
+        return int(self.value)
+
+    def __complex__(self) -> complex:
+        return complex(self.value)
+
+    def __index__(self) -> int:
+        return operator.index(self.value)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        import numpy as np
+
+        return np.asarray(self.value, dtype=dtype)
+
+    def __repr__(self) -> str:
+        from pytree_module import tree_pformat
+
+        return tree_pformat(self)
+
+    def __pdoc__(self, **kwargs: Any) -> Any:
+        from pytree_module._pformat import constructor_pdoc
+
+        return constructor_pdoc(self, [("value", self.value), *self._pg_flat[1].items], **kwargs)
+
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Callable) -> Any:
+        from treescope import repr_lib
+
+        return repr_lib.render_object_constructor(
+            object_type=type(self),
+            attributes={"value": self.value, **self.metadata},
+            path=path,
+            subtree_renderer=subtree_renderer,
+            roundtrippable=False,
+        )
+
+    def __getstate__(self) -> tuple[Any, dict[str, Any]]:
+        return self.value, dict(self.metadata)
+
+    def __setstate__(self, state: tuple[Any, dict[str, Any]]) -> None:
+        value, metadata = state
+        _set_flat(self, ((value,), _kind(type(self), metadata)))
+        _set_trace(self, current_trace_token())
+
+
+_set_flat = Variable._pg_flat.__set__  # type: ignore[attr-defined]
+_set_trace = Variable._trace.__set__  # type: ignore[attr-defined]
+
+
+def _unary(op: Callable[[Any], Any]) -> Callable[[Variable], Any]:
+    def method(self: Variable) -> Any:
+        return op(self._pg_flat[0][0])
+
+    return method
+
+
+def _binary(op: Callable[[Any, Any], Any]) -> Callable[[Variable, Any], Any]:
+    def method(self: Variable, other: Any) -> Any:
+        if isinstance(other, Variable):
+            other = other.value
+        return op(self._pg_flat[0][0], other)
+
+    return method
+
+
+def _reflected(op: Callable[[Any, Any], Any]) -> Callable[[Variable, Any], Any]:
+    def method(self: Variable, other: Any) -> Any:
+        return op(other, self._pg_flat[0][0])
+
+    return method
+
+
+def _in_place(op: Callable[[Any, Any], Any]) -> Callable[[Variable, Any], Variable]:
+    # `v += x` writes the new value into `v` (so `self.count += 1` keeps the Variable).
+    def method(self: Variable, other: Any) -> Variable:
+        if isinstance(other, Variable):
+            other = other.value
+        self.value = op(self.value, other)
+        return self
+
+    return method
+
+
+_BINARY = {
+    "add": operator.add,
+    "sub": operator.sub,
+    "mul": operator.mul,
+    "truediv": operator.truediv,
+    "floordiv": operator.floordiv,
+    "mod": operator.mod,
+    "pow": operator.pow,
+    "matmul": operator.matmul,
+    "and": operator.and_,
+    "or": operator.or_,
+    "xor": operator.xor,
+    "lshift": operator.lshift,
+    "rshift": operator.rshift,
+}
+for _name, _op in _BINARY.items():
+    setattr(Variable, f"__{_name}__", _binary(_op))
+    setattr(Variable, f"__r{_name}__", _reflected(_op))
+    setattr(Variable, f"__i{_name}__", _in_place(_op))
+Variable.__divmod__ = _binary(divmod)
+Variable.__rdivmod__ = _reflected(divmod)
+for _name, _op in {
+    "lt": operator.lt,
+    "le": operator.le,
+    "gt": operator.gt,
+    "ge": operator.ge,
+}.items():
+    setattr(Variable, f"__{_name}__", _binary(_op))
+for _name, _op in {
+    "neg": operator.neg,
+    "pos": operator.pos,
+    "abs": operator.abs,
+    "invert": operator.invert,
+}.items():
+    setattr(Variable, f"__{_name}__", _unary(_op))
+
+
+def _flatten_with_keys(variable: Variable) -> tuple[tuple[tuple[GetAttrKey, Any]], _Kind]:
+    children, kind = variable._pg_flat
+    return ((_VALUE_KEY, children[0]),), kind
+
+
+_VALUE_KEY = GetAttrKey("value")
+
+
+def _register(cls: type) -> None:
+    # The flattened form is kept in a slot, so JAX flattens a Variable with a C-level
+    # attribute read; the kind is the treedef entry and builds the Variable back.
+    jax.tree_util.register_pytree_with_keys(
+        cls,
+        _flatten_with_keys,
+        operator.call,
+        flatten_func=operator.attrgetter("_pg_flat"),
+    )
+
+
+_register(Variable)
+register_data_type(Variable)
+
+
+class Param(Variable):
+    """A trainable parameter: what `grad` differentiates and optimizers update by default."""
+
+
+class BatchStat(Variable):
+    """Running statistics (e.g. a batch norm's mean and variance): state, not trained."""
+
+
+class Cache(Variable):
+    """Cached values, such as an attention layer's decoding cache."""
+
+
+class Intermediate(Variable):
+    """Intermediate values stored while a model runs (see `Module.sow` in pytree_nn)."""
+
+
+class Perturbation(Variable):
+    """Zeros added to an intermediate value, so that its gradient can be taken."""

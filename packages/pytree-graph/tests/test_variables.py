@@ -1,0 +1,168 @@
+"""Variables: value access, operators, metadata, pytree behaviour, the trace-level guard."""
+
+import copy
+import pickle
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pytree_graph import BatchStat, Cache, Intermediate, Param, Perturbation, Variable
+from pytree_module import Module, TraceContextError, is_data, tree_equal
+
+
+class Count(Variable):
+    pass
+
+
+def test_value_and_indexing():
+    v = Param(jnp.arange(4.0))
+    assert v.value.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert float(v[1]) == 1.0
+    v[1] = 10.0
+    assert v.value.tolist() == [0.0, 10.0, 2.0, 3.0]
+    v[...] = jnp.zeros(2)
+    assert v.value.shape == (2,)
+    assert len(v) == 2 and [float(x) for x in v] == [0.0, 0.0]
+
+
+def test_operators_forward_to_the_value():
+    w = Param(jnp.ones((2, 3)))
+    x = jnp.ones(2)
+    assert (x @ w).shape == (3,)
+    assert (w.value.T @ x).shape == (3,)
+    assert float((w + 1)[0, 0]) == 2.0 and float((1 + w)[0, 0]) == 2.0
+    assert float((w * 3)[0, 0]) == 3.0 and float((2 - w)[0, 0]) == 1.0
+    assert float((w / 2)[0, 0]) == 0.5 and float((w**2)[0, 0]) == 1.0
+    assert float((-w)[0, 0]) == -1.0 and float(abs(-w)[0, 0]) == 1.0
+    assert bool((w > 0).all()) and bool((w <= 1).all())
+    assert w.shape == (2, 3) and w.dtype == jnp.float32
+    n = Variable(7)
+    assert n // 2 == 3 and n % 4 == 3 and int(n) == 7 and float(n) == 7.0
+    assert [1, 2, 3, 4, 5, 6, 7, 8][n] == 8  # __index__
+    assert np.asarray(w).shape == (2, 3)
+
+
+def test_in_place_operators_keep_the_variable():
+    class Counter(Module):
+        def __init__(self):
+            self.count = Count(0)
+
+    counter = Counter()
+    variable = counter.count
+    counter.count += 1
+    assert counter.count is variable and counter.count.value == 1
+    counter.count.value += 1
+    assert counter.count.value == 2
+
+
+def test_equality_and_hash_are_by_identity():
+    a, b = Param(1.0), Param(1.0)
+    assert a == a and a != b
+    assert len({a, b, a}) == 2
+    assert tree_equal(a, b)
+
+
+def test_metadata():
+    v = Param(jnp.zeros(2), sharding=("data",), tag="w")
+    assert v.sharding == ("data",) and dict(v.metadata) == {"sharding": ("data",), "tag": "w"}
+    v.sharding = (None,)
+    assert v.sharding == (None,)
+    del v.tag
+    assert dict(v.metadata) == {"sharding": (None,)}
+    replaced = v.replace(jnp.ones(2), tag="b")
+    assert type(replaced) is Param and replaced.tag == "b" and replaced.sharding == (None,)
+    assert v.value.tolist() == [0.0, 0.0]
+    with pytest.raises(AttributeError, match=r"no metadata 'missing'.*Metadata: \['sharding'\]"):
+        v.missing  # noqa: B018
+    with pytest.raises(TypeError, match="metadata 'names' must be hashable"):
+        Param(1.0, names=["a"])
+
+
+def test_metadata_travels_through_transforms():
+    v = Param(jnp.ones(2), sharding=("model",))
+    out = jax.jit(lambda v: jax.tree.map(lambda x: x * 2, v))(v)
+    assert type(out) is Param and out.sharding == ("model",)
+    assert out.value.tolist() == [2.0, 2.0]
+    grads = jax.grad(lambda v: jnp.sum(v.value**2))(v)
+    assert type(grads) is Param and grads.sharding == ("model",)
+    stacked = jax.vmap(lambda x: Param(x, sharding=("b",)))(jnp.ones((3, 2)))
+    assert stacked.value.shape == (3, 2) and stacked.sharding == ("b",)
+
+
+def test_a_pytree_node_with_the_value_as_leaf():
+    v = Count(jnp.array(3), note="n")
+    leaves, treedef = jax.tree.flatten(v)
+    assert len(leaves) == 1 and leaves[0] is v.value
+    rebuilt = jax.tree.unflatten(treedef, [jnp.array(4)])
+    assert type(rebuilt) is Count and rebuilt.note == "n" and int(rebuilt.value) == 4
+    [(path, _)] = jax.tree_util.tree_flatten_with_path({"c": v})[0]
+    assert jax.tree_util.keystr(path) == "['c'].value"
+    assert jax.tree.structure(Count(1, note="n")) == jax.tree.structure(Count(2, note="n"))
+    assert jax.tree.structure(Count(1, note="n")) != jax.tree.structure(Count(1, note="m"))
+
+
+def test_a_data_type_of_pytree_module():
+    assert is_data(Param(1.0))
+
+    class Linear(Module):
+        def __init__(self):
+            self.kernel = Param(jnp.ones((2, 2)))
+            self.name = "linear"
+
+    layer = Linear()
+    assert len(jax.tree.leaves(layer)) == 1
+
+
+def test_subtypes():
+    for cls in (Param, BatchStat, Cache, Intermediate, Perturbation, Count):
+        v = cls(jnp.zeros(1))
+        assert isinstance(v, Variable) and type(jax.tree.map(lambda x: x, v)) is cls
+
+
+def test_writes_are_guarded_by_trace_level():
+    v = Param(jnp.zeros(2))
+
+    @jax.jit
+    def write():
+        v.value = jnp.ones(2)
+
+    with pytest.raises(TraceContextError, match="created outside the current JAX transform"):
+        write()
+
+    @jax.jit
+    def set_metadata():
+        v.tag = "x"
+
+    with pytest.raises(TraceContextError):
+        set_metadata()
+    assert v.value.tolist() == [0.0, 0.0] and "tag" not in v.metadata
+
+    @jax.jit
+    def passed_in(v):
+        v.value = v.value + 1  # a copy made inside the trace: allowed
+        return v
+
+    assert passed_in(v).value.tolist() == [1.0, 1.0]
+
+
+def test_errors():
+    with pytest.raises(TypeError, match="cannot hold another Variable"):
+        Param(Param(1.0))
+    v = Param(1.0)
+    with pytest.raises(TypeError, match=r"assign its `\.value`"):
+        v.value = Param(2.0)
+    with pytest.raises(TypeError, match=r"only JAX arrays support `v\[index\] = x`"):
+        v[0] = 2.0
+    with pytest.raises(AttributeError, match="reserved"):
+        v._secret = 1
+    assert v.value == 1.0
+
+
+def test_repr_copy_and_pickle():
+    v = Param(jnp.zeros((2, 3)), sharding=(None, "model"))
+    assert repr(v) == "Param(value=f32[2,3], sharding=(None, 'model'))"
+    for other in (copy.copy(v), copy.deepcopy(v), pickle.loads(pickle.dumps(v)), v.copy()):
+        assert type(other) is Param and other is not v and other.sharding == (None, "model")
+        assert other.value.shape == (2, 3)
