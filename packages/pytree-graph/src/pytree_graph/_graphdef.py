@@ -85,13 +85,18 @@ class GraphDef:
 jax.tree_util.register_pytree_node(GraphDef, lambda g: ((), g), lambda g, _: g)
 
 
+_CONTAINER_NAMES = {LIST: "list", TUPLE: "tuple", DICT: "dict", STATIC: "static value"}
+
+
 def _describe(record: tuple) -> str:
     tag = record[0]
     if tag == MODULE:
         return record[1].layout.cls.__name__
     if tag == OBJECT:
         return record[1].__name__
-    return type(record).__name__
+    if tag == PYTREE:
+        return f"pytree {record[1]}"
+    return _CONTAINER_NAMES.get(tag, "Variable")
 
 
 def build(graphdef: GraphDef, values: Sequence[Any]) -> Any:
@@ -110,11 +115,7 @@ def _builder(values: Sequence[Any], objects: list[Any]) -> Callable[[tuple], Any
         if tag == VARIABLE:
             _, kind, index, position = record
             value = values[position]
-            if isinstance(value, Variable):
-                value_kind = value._pg_flat[1]
-                value = value_kind((value.value,))
-            else:
-                value = kind((value,))
+            value = value.copy() if isinstance(value, Variable) else kind((value,))
             objects[index] = value
             return value
         if tag == MODULE:

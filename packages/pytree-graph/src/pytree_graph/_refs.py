@@ -4,7 +4,7 @@ from typing import Any
 
 import jax
 
-from ._variables import Variable, _Kind
+from ._variables import Variable, _Kind, is_variable
 
 
 class VariableValue:
@@ -46,10 +46,6 @@ jax.tree_util.register_pytree_node(
 )
 
 
-def _is_variable(x: Any) -> bool:
-    return isinstance(x, Variable)
-
-
 def _is_ref_leaf(x: Any) -> bool:
     return isinstance(x, Variable | VariableValue | VariableIndex)
 
@@ -82,7 +78,7 @@ def deref(tree: Any) -> Any:
         >>> out["a"][0] is out["a"][1], float(out["a"][1].value)
         (True, 2.0)
     """
-    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_variable)
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_variable)
     index: dict[int, int] = {}
     keep: list[Variable] = []  # holds the Variables, so ids stay unique meanwhile
     out = []
@@ -143,7 +139,7 @@ def update_refs(target: Any, source: Any) -> None:
     `VariableIndex` (skipped: the shared Variable is written where its value is) or a
     bare value in each Variable's place.
     """
-    targets, target_def = jax.tree_util.tree_flatten(target, is_leaf=_is_variable)
+    targets, target_def = jax.tree_util.tree_flatten(target, is_leaf=is_variable)
     sources, source_def = jax.tree_util.tree_flatten(source, is_leaf=_is_ref_leaf)
     if len(targets) != len(sources):
         raise ValueError(
@@ -151,14 +147,7 @@ def update_refs(target: Any, source: Any) -> None:
             f"{len(targets)}. Pass a source with the target's structure (from `deref(target)` "
             f"or a matching partition).\n  target: {target_def}\n  source: {source_def}"
         )
-    writes = []
-    for place, (variable, value) in enumerate(zip(targets, sources, strict=True)):
+    for variable, value in zip(targets, sources, strict=True):
         if not isinstance(variable, Variable) or isinstance(value, VariableIndex):
             continue
-        if isinstance(value, Variable | VariableValue):
-            value = value.value
-        if isinstance(value, Variable | VariableValue | VariableIndex):
-            raise ValueError(f"update: unexpected {type(value).__name__} at place {place}.")
-        writes.append((variable, value))
-    for variable, value in writes:
-        variable.value = value
+        variable.value = value.value if isinstance(value, Variable | VariableValue) else value

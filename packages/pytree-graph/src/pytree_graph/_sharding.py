@@ -8,11 +8,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from pytree_module import Module
 
 from ._split_merge import state
-from ._variables import Variable
-
-
-def _is_variable(x: Any) -> bool:
-    return isinstance(x, Variable)
+from ._variables import Variable, is_variable
 
 
 def _spec(leaf: Any) -> Any:
@@ -49,7 +45,7 @@ def get_partition_spec(tree: Any) -> Any:
     """
     if isinstance(tree, Module):
         tree = state(tree)
-    return jax.tree.map(_spec, tree, is_leaf=_is_variable)
+    return jax.tree.map(_spec, tree, is_leaf=is_variable)
 
 
 def get_named_sharding(tree: Any, mesh: Mesh) -> Any:

@@ -14,13 +14,11 @@ from ._variables import Variable
 
 def _snapshot(leaf: Any) -> Any:
     """A new Variable with the same type, metadata and value (arrays are kept as they are)."""
-    if isinstance(leaf, Variable):
-        children, kind = leaf._pg_flat
-        return kind(children)
-    return leaf
+    return leaf.copy() if isinstance(leaf, Variable) else leaf
 
 
-def _walk(node: Any) -> tuple[GraphDef, GraphWalk]:
+def _snapshot_state(node: Any) -> tuple[GraphDef, dict[Path, Any]]:
+    """The graphdef of `node`, and `{path: snapshot}` of its Variables and arrays."""
     walk = GraphWalk()
     graphdef = walk.graphdef(node)
     if walk.paths and walk.paths[0] == ():
@@ -29,7 +27,7 @@ def _walk(node: Any) -> tuple[GraphDef, GraphWalk]:
             f"Modules, Variables or arrays), got a {type(node).__name__} on its own: a "
             "State needs a key for each leaf. Wrap it, e.g. `split([variable])`."
         )
-    return graphdef, walk
+    return graphdef, dict(zip(walk.paths, map(_snapshot, walk.leaves), strict=True))
 
 
 def _states(flat: dict[Path, Any], filters: tuple[Any, ...], exhaustive: bool) -> Any:
@@ -70,8 +68,7 @@ def split(node: Any, *filters: Any) -> tuple[Any, ...]:
         >>> type(merge(graphdef, params, stats)).__name__
         'Norm'
     """
-    graphdef, walk = _walk(node)
-    flat = dict(zip(walk.paths, map(_snapshot, walk.leaves), strict=True))
+    graphdef, flat = _snapshot_state(node)
     return (graphdef, *_states(flat, filters, exhaustive=True))
 
 
@@ -96,8 +93,7 @@ def state(node: Any, *filters: Any) -> Any:
         >>> state(Linear()).to_pure_dict()["w"].tolist()
         [1.0, 1.0]
     """
-    _, walk = _walk(node)
-    flat = dict(zip(walk.paths, map(_snapshot, walk.leaves), strict=True))
+    _, flat = _snapshot_state(node)
     states = _states(flat, filters, exhaustive=False)
     return states[0] if len(states) == 1 else states
 

@@ -146,7 +146,8 @@ class State(MutableMapping):
             Param(value=f32[2])
         """
         flat = self.flat_state()
-        new = _flat_pure(pure)
+        new: dict[Path, Any] = {}
+        _flatten_into(pure, (), new)
         missing = [p for p in flat if p not in new]
         extra = [p for p in new if p not in flat]
         if missing or extra:
@@ -242,22 +243,14 @@ class State(MutableMapping):
         )
 
 
-def _flatten_into(state: State, prefix: Path, flat: dict[Path, Any]) -> None:
-    for key, value in state._mapping.items():
-        if isinstance(value, State):
+def _flatten_into(mapping: Mapping[Any, Any], prefix: Path, flat: dict[Path, Any]) -> None:
+    """Add `{path: leaf}` of nested mappings (States or plain dicts) to `flat`."""
+    items = mapping._mapping.items() if isinstance(mapping, State) else mapping.items()
+    for key, value in items:
+        if isinstance(value, Mapping):
             _flatten_into(value, (*prefix, key), flat)
         else:
             flat[(*prefix, key)] = value
-
-
-def _flat_pure(pure: Mapping[Any, Any], prefix: Path = ()) -> dict[Path, Any]:
-    flat: dict[Path, Any] = {}
-    for key, value in pure.items():
-        if isinstance(value, Mapping):
-            flat.update(_flat_pure(value, (*prefix, key)))
-        else:
-            flat[(*prefix, key)] = value
-    return flat
 
 
 def _partition(
@@ -273,12 +266,12 @@ def _partition(
                 break
         else:
             if exhaustive:
-                raise ValueError(unmatched_message(path, leaf, filters))
+                raise ValueError(_unmatched_message(path, leaf, filters))
             parts[-1][path] = leaf
     return parts
 
 
-def unmatched_message(path: Path, leaf: Any, filters: tuple[Any, ...]) -> str:
+def _unmatched_message(path: Path, leaf: Any, filters: tuple[Any, ...]) -> str:
     """The error for a leaf no filter matched, where the filters must cover everything."""
     kind = type(leaf).__name__
     shown = ", ".join(getattr(f, "__name__", repr(f)) for f in filters)

@@ -4,10 +4,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
-import numpy as np
 
 from pytree_filter import path_keys
 from pytree_module import Module
+from pytree_module._status import _ARRAY_TYPES
 
 from ._graphdef import (
     DICT,
@@ -26,8 +26,8 @@ from ._variables import Variable
 
 Path = tuple[Any, ...]
 
-# Leaves that are state: arrays, and shape structs (so `eval_shape` results split too).
-_STATE_LEAVES = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
+# Static values common enough to skip asking JAX whether they are pytrees.
+_PLAIN_STATICS = frozenset({bool, int, float, complex, str, bytes})
 
 
 def _stops(value: Any) -> bool:
@@ -95,7 +95,9 @@ class GraphWalk:
             return (VARIABLE, value._pg_flat[1], i, self._leaf(value, path))
         if isinstance(value, Module):
             return self._module(value, path)
-        if isinstance(value, _STATE_LEAVES):
+        # Arrays are state; so are shape structs (pytree_module's array types include them),
+        # so that `eval_shape` results split too.
+        if isinstance(value, _ARRAY_TYPES):
             return (LEAF, self._leaf(value, path))
         kind = type(value)
         if kind is list:
@@ -105,8 +107,8 @@ class GraphWalk:
         if kind is dict:
             keys = tuple(value)
             return (DICT, keys, tuple(self.visit(value[k], (*path, k)) for k in keys))
-        if value is None:
-            return (STATIC, None)
+        if value is None or kind in _PLAIN_STATICS:
+            return (STATIC, value)
         return self._other(value, path)
 
     def _module(self, module: Module, path: Path) -> tuple:

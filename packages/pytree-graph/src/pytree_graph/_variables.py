@@ -165,7 +165,8 @@ class Variable:
 
     def copy(self) -> "Variable":
         """A new Variable of the same type holding the same value and metadata."""
-        return self.replace()
+        children, kind = self._pg_flat
+        return kind(children)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails: metadata first, then the value's own
@@ -352,12 +353,17 @@ for _name, _op in {
     setattr(Variable, f"__{_name}__", _unary(_op))
 
 
+_VALUE_KEY = GetAttrKey("value")
+
+
 def _flatten_with_keys(variable: Variable) -> tuple[tuple[tuple[GetAttrKey, Any]], _Kind]:
     children, kind = variable._pg_flat
     return ((_VALUE_KEY, children[0]),), kind
 
 
-_VALUE_KEY = GetAttrKey("value")
+def is_variable(x: Any) -> bool:
+    """Whether `x` is a Variable (the `is_leaf` that stops flattening at Variables)."""
+    return isinstance(x, Variable)
 
 
 def _register(cls: type) -> None:

@@ -2,14 +2,18 @@
 straight through `jax.jit`; the others through the filtered path."""
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
+from jax.tree_util import PyTreeDef
 
 from pytree_filter import is_array
 from pytree_module import Module
 
-from ._jit_wrapper import JitWrapper, _diagnose_inputs
+from ._arguments import ArgumentSpecs
+from ._errors import check_pytree_objects
+from ._jit_wrapper import JitWrapper, _diagnose_inputs, _Plan
 from ._outputs import PackedOutput, pack_output, unpack_output
 
 
@@ -38,21 +42,39 @@ class _DirectJitWrapper(JitWrapper):
     what may have been a Python scalar stops before running the function.
     """
 
-    def __init__(self, *options: Any):
-        super().__init__(*options)
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        specs: ArgumentSpecs,
+        out: Any,
+        donate: str,
+        jitkwargs: dict[str, Any],
+    ):
+        super().__init__(fun, specs, out, donate, jitkwargs)
         self._traces = 0
+        # The first flat leaf the direct `jax.jit` sees as an input (a plain function is not).
+        self._first_input = 0
         leaves = jax.tree.leaves(self._fun)
         if len(leaves) == 1 and leaves[0] is self._fun:
             # A plain function, static for filter_jit: `jax.jit` may close over it.
             self._first_input = 1
-            self._direct = jax.jit(self._trace_direct_closed, **options[-1])
+            self._direct = jax.jit(self._trace_direct_closed, **jitkwargs)
             if isinstance(self._fun, Module):
                 # A `pytree=False` Module: the filtered path refuses it on the first call.
                 self.__class__ = _FilteredJitWrapper
         else:
             # A callable pytree (a Module, a bound method): its leaves are inputs too.
-            jitted = jax.jit(self._trace_direct, **options[-1])
+            jitted = jax.jit(self._trace_direct, **jitkwargs)
             self._direct = functools.partial(jitted, self._fun)
+
+    def _default_plan(
+        self, args: tuple[Any, ...], leaves: list[Any], treedef: PyTreeDef, types: list[type]
+    ) -> _Plan:
+        plan = self._plan(treedef, [is_array(x) for x in leaves], args, types)
+        check_pytree_objects(plan.get_static(leaves), "filter_jit")
+        if plan.direct is None:
+            plan.direct = all(plan.mask[self._first_input :])
+        return plan
 
     def _trace_direct_closed(self, *args: Any, **kwargs: Any) -> Any:
         return self._trace_direct_checked(self._fun, args, kwargs, (args, kwargs))
@@ -78,6 +100,7 @@ class _DirectJitWrapper(JitWrapper):
             if self._traces != traces:
                 raise  # raised while tracing the function: its own error
         else:
+            # `unpack_output`, inlined: one Python call fewer on every call.
             if type(out) is PackedOutput:
                 return out.static.rebuild(out.dynamic)
             return out
@@ -97,14 +120,17 @@ class _FilteredJitWrapper(_DirectJitWrapper):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         tree = (self._fun, args, kwargs)
         plan = self._last
-        try:
+        leaves = None
+        if plan is not None:
             # Flattening along the last call's structure checks that this call has the
             # same one (node types, keys, static node data), in one step; the leaf types
-            # then tell whether the same leaves are traced.
-            leaves = plan.treedef.flatten_up_to(tree)
-            if plan.types != list(map(type, leaves)):
-                raise ValueError
-        except (AttributeError, TypeError, ValueError):  # first call, or another structure
+            # then tell whether the same leaves are traced. (A bare try costs nothing here;
+            # `contextlib.suppress` would add a context manager to every call.)
+            try:  # noqa: SIM105
+                leaves = plan.treedef.flatten_up_to(tree)
+            except (TypeError, ValueError):  # another structure
+                pass
+        if leaves is None or plan.types != list(map(type, leaves)):
             leaves, treedef = jax.tree.flatten(tree)
             plan = self._last = self._default_plan(args, leaves, treedef, list(map(type, leaves)))
         if plan.direct:

@@ -90,8 +90,6 @@ class JitWrapper(BindsAsMethod):
         self._donate = donate
         self._plans: dict[PyTreeDef, list[_Plan]] = {}
         self._last: _Plan | None = None
-        # The first leaf that is passed to the direct `jax.jit` (a plain function is not).
-        self._first_input = 0
         donate_argnums = {"none": (), "all": (1,), "warn": (1,), "all-except-first": (2,)}
         self._jitted = jax.jit(
             self._traced, static_argnums=0, donate_argnums=donate_argnums[donate], **jitkwargs
@@ -146,15 +144,6 @@ class JitWrapper(BindsAsMethod):
             _diagnose_inputs(tree, leaves, plan, static)
             raise
         return unpack_output(out)
-
-    def _default_plan(
-        self, args: tuple[Any, ...], leaves: list[Any], treedef: PyTreeDef, types: list[type]
-    ) -> _Plan:
-        plan = self._plan(treedef, [is_array(x) for x in leaves], args, types)
-        check_pytree_objects(plan.get_static(leaves), "filter_jit")
-        if plan.direct is None:
-            plan.direct = all(plan.mask[self._first_input :])
-        return plan
 
     def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
         """Trace and lower for these arguments, for ahead-of-time compilation.
