@@ -112,12 +112,21 @@ def test_filters_must_be_exhaustive():
     assert list(state(model, Param)) == ["w", "b"] or sorted(state(model, Param)) == ["b", "w"]
 
 
-def test_state_is_a_snapshot():
+def test_state_holds_the_graphs_own_variables():
     model = StatefulLinear(2, 3, jax.random.key(0))
     st = state(model)
+    assert st["b"] is model.b
     st["b"].value = jnp.ones(3)
-    assert model.b.value.tolist() == [0.0, 0.0, 0.0]
-    assert st["b"] is not model.b
+    assert model.b.value.tolist() == [1.0, 1.0, 1.0]
+    # merge places them in the new graph; copy=True (and clone) makes new ones.
+    gdef, st = split(model)
+    assert merge(gdef, st).b is model.b
+    copied = merge(gdef, st, copy=True)
+    assert copied.b is not model.b and copied.b.value is model.b.value
+    assert clone(model).w is not model.w
+    # A State mapped by JAX holds new Variables, and leaves the model alone.
+    doubled = jax.tree.map(lambda x: x * 2, st)
+    assert doubled["b"] is not model.b and model.b.value.tolist() == [1.0, 1.0, 1.0]
 
 
 def test_model_surgery_and_weight_tying():

@@ -1,11 +1,21 @@
 """pytree_graph: Variables and object graphs for JAX, with sharing kept across transforms."""
 
 from .__about__ import __version__ as __version__
+from ._autodiff import grad as grad
+from ._autodiff import value_and_grad as value_and_grad
+from ._control_flow import cond as cond
+from ._control_flow import fori_loop as fori_loop
+from ._control_flow import scan as scan
+from ._control_flow import switch as switch
+from ._control_flow import while_loop as while_loop
 from ._graphdef import GraphDef as GraphDef
+from ._jit import jit as jit
 from ._refs import VariableIndex as VariableIndex
 from ._refs import VariableValue as VariableValue
 from ._refs import deref as deref
 from ._refs import reref as reref
+from ._remat import eval_shape as eval_shape
+from ._remat import remat as remat
 from ._sharding import get_named_sharding as get_named_sharding
 from ._sharding import get_partition_spec as get_partition_spec
 from ._split_merge import clone as clone
@@ -24,3 +34,5 @@ from ._variables import Intermediate as Intermediate
 from ._variables import Param as Param
 from ._variables import Perturbation as Perturbation
 from ._variables import Variable as Variable
+from ._vmap import StateAxes as StateAxes
+from ._vmap import vmap as vmap

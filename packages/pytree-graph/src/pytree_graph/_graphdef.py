@@ -1,13 +1,13 @@
 """`GraphDef`: the static structure of an object graph, and rebuilding a graph from it."""
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 
-from pytree_module import Module
-from pytree_module._trace import current_trace_token
+from pytree_module import Module, TraceContextError
+from pytree_module._trace import current_trace_token, same_trace
 
 from ._variables import Variable
 
@@ -25,6 +25,7 @@ PYTREE = 9  # (PYTREE, treedef, children): any other registered pytree node
 
 _set_trace = Module._pm_trace.__set__  # type: ignore[attr-defined]
 _set_flat = Module._pm_flat.__set__  # type: ignore[attr-defined]
+_set_variable = Variable._pg_flat.__set__  # type: ignore[attr-defined]
 
 
 class GraphDef:
@@ -99,64 +100,129 @@ def _describe(record: tuple) -> str:
     return _CONTAINER_NAMES.get(tag, "Variable")
 
 
-def build(graphdef: GraphDef, values: Sequence[Any]) -> Any:
+def build(graphdef: GraphDef, values: Sequence[Any], copy: bool = False) -> Any:
     """Build the graph `graphdef` describes, taking its leaves from `values` (in order).
 
-    A value for a Variable may be a Variable (its type and metadata are used) or a bare
-    value (the graphdef's type and metadata are used).
+    A value for a Variable may be a Variable, placed as it is (or a copy of it, with
+    `copy`), or a bare value, put in a new Variable of the graphdef's type and metadata.
     """
     objects: list[Any] = [None] * graphdef.num_objects
-    return _builder(values, objects)(graphdef.root)
+    return Builder(values, objects, copy=copy).visit(graphdef.root)
 
 
-def _builder(values: Sequence[Any], objects: list[Any]) -> Callable[[tuple], Any]:
-    def visit(record: tuple) -> Any:
+def check_writable(obj: Any) -> None:
+    """Refuse to write a transform's changes into an object of another JAX trace.
+
+    That happens when the object was captured (not passed) by a function that is itself
+    being transformed: the new values are tracers of that function's trace.
+    """
+    token = obj._trace if isinstance(obj, Variable) else obj._pm_trace
+    if not same_trace(token):
+        raise TraceContextError(
+            f"Cannot write the changes made inside a pytree_graph transform back to a "
+            f"{type(obj).__name__} created outside the enclosing JAX transform: it was "
+            "captured by the function being transformed, not passed to it, so its new "
+            "values would leak tracers. Pass the object as an argument of the enclosing "
+            "transform too (e.g. `jit(lambda model, x: ...)(model, x)`)."
+        )
+
+
+class Builder:
+    """Builds the objects records describe, taking leaves from `values` by position.
+
+    `objects` receives each object at its index. Where `reuse` maps an index to an
+    existing object, that object is updated in place to match the record instead (its
+    attributes, or its value and metadata): this is how transforms write a graph's new
+    structure back to the caller's objects.
+    """
+
+    def __init__(
+        self,
+        values: Sequence[Any],
+        objects: list[Any],
+        copy: bool = False,
+        reuse: dict[int, Any] | None = None,
+    ):
+        self.values = values
+        self.objects = objects
+        self.copy = copy
+        self.reuse = reuse or {}
+
+    def visit(self, record: tuple) -> Any:
+        """The object (or value) `record` describes."""
         tag = record[0]
         if tag == VARIABLE:
-            _, kind, index, position = record
-            value = values[position]
-            value = value.copy() if isinstance(value, Variable) else kind((value,))
-            objects[index] = value
-            return value
+            return self._variable(*record[1:])
         if tag == MODULE:
             _, entry, index, children, early = record
-            if early:
-                return _early_module(entry, index, children)
-            module = entry(tuple(map(visit, children)))
-            objects[index] = module
+            if early or index in self.reuse:
+                return self._module_in_place(entry, index, children)
+            module = entry(tuple(map(self.visit, children)))
+            self.objects[index] = module
             return module
         if tag == LEAF:
-            return values[record[1]]
+            return self.values[record[1]]
         if tag == SHARED:
-            return objects[record[1]]
+            return self.objects[record[1]]
         if tag == STATIC:
             return record[1]
         if tag == LIST:
-            return list(map(visit, record[1]))
+            return list(map(self.visit, record[1]))
         if tag == TUPLE:
-            return tuple(map(visit, record[1]))
+            return tuple(map(self.visit, record[1]))
         if tag == DICT:
-            return dict(zip(record[1], map(visit, record[2]), strict=True))
+            return dict(zip(record[1], map(self.visit, record[2]), strict=True))
         if tag == PYTREE:
-            return record[1].unflatten(list(map(visit, record[2])))
-        # OBJECT: made empty first, so that objects below it can refer back to it (cycles).
-        _, cls, index, attributes = record
-        obj = object.__new__(cls)
-        _set_trace(obj, current_trace_token())
-        objects[index] = obj
+            return record[1].unflatten(list(map(self.visit, record[2])))
+        return self._object(*record[1:])
+
+    def _variable(self, kind: Any, index: int, position: int) -> Variable:
+        value = self.values[position]
+        existing = self.reuse.get(index)
+        if existing is not None:
+            check_writable(existing)
+            if isinstance(value, Variable):
+                value = value.value
+            _set_variable(existing, ((value,), kind))
+            variable = existing
+        elif isinstance(value, Variable):
+            variable = value.copy() if self.copy else value
+        else:
+            variable = kind((value,))
+        self.objects[index] = variable
+        return variable
+
+    def _object(self, cls: type, index: int, attributes: tuple) -> Any:
+        # A `pytree=False` object is made (or emptied) first, so that objects below it
+        # can refer back to it (cycles).
+        obj = self.reuse.get(index)
+        if obj is None:
+            obj = object.__new__(cls)
+            _set_trace(obj, current_trace_token())
+        else:
+            check_writable(obj)
+            vars(obj).clear()
+        self.objects[index] = obj
         for name, child in attributes:
-            object.__setattr__(obj, name, visit(child))
+            object.__setattr__(obj, name, self.visit(child))
         return obj
 
-    def _early_module(entry: Any, index: int, records: tuple) -> Module:
-        # Reached again through a `pytree=False` object below it (a cycle): made empty
-        # first and filled after its children, as its treedef entry would have made it.
+    def _module_in_place(self, entry: Any, index: int, records: tuple) -> Module:
+        # A pytree Module reached again through a `pytree=False` object below it (a
+        # cycle), or one of the caller's Modules being updated: it exists before its
+        # children are built, and gets its attributes after, as its treedef entry would
+        # have given them.
         layout = entry.layout
-        module = object.__new__(layout.cls)
-        _set_trace(module, current_trace_token())
-        objects[index] = module
-        children = tuple(map(visit, records))
+        module = self.reuse.get(index)
+        if module is None:
+            module = object.__new__(layout.cls)
+            _set_trace(module, current_trace_token())
+        else:
+            check_writable(module)
+        self.objects[index] = module
+        children = tuple(map(self.visit, records))
         attributes = module.__dict__
+        attributes.clear()
         attributes.update(zip(layout.data_keys, children, strict=True))
         for key, value, unhashable in zip(
             layout.static_keys, entry.statics, layout.unhashable, strict=True
@@ -164,5 +230,3 @@ def _builder(values: Sequence[Any], objects: list[Any]) -> Callable[[tuple], Any
             attributes[key] = copy.copy(value) if unhashable else value
         _set_flat(module, (children, entry))
         return module
-
-    return visit

@@ -12,13 +12,8 @@ from ._traverse import GraphWalk, show_path
 from ._variables import Variable
 
 
-def _snapshot(leaf: Any) -> Any:
-    """A new Variable with the same type, metadata and value (arrays are kept as they are)."""
-    return leaf.copy() if isinstance(leaf, Variable) else leaf
-
-
-def _snapshot_state(node: Any) -> tuple[GraphDef, dict[Path, Any]]:
-    """The graphdef of `node`, and `{path: snapshot}` of its Variables and arrays."""
+def _flat_state(node: Any) -> tuple[GraphDef, dict[Path, Any]]:
+    """The graphdef of `node`, and `{path: leaf}` of its Variables and arrays."""
     walk = GraphWalk()
     graphdef = walk.graphdef(node)
     if walk.paths and walk.paths[0] == ():
@@ -27,7 +22,7 @@ def _snapshot_state(node: Any) -> tuple[GraphDef, dict[Path, Any]]:
             f"Modules, Variables or arrays), got a {type(node).__name__} on its own: a "
             "State needs a key for each leaf. Wrap it, e.g. `split([variable])`."
         )
-    return graphdef, dict(zip(walk.paths, map(_snapshot, walk.leaves), strict=True))
+    return graphdef, dict(zip(walk.paths, walk.leaves, strict=True))
 
 
 def _states(flat: dict[Path, Any], filters: tuple[Any, ...], exhaustive: bool) -> Any:
@@ -41,8 +36,9 @@ def split(node: Any, *filters: Any) -> tuple[Any, ...]:
     """Split an object graph into its structure and its state.
 
     Shared Modules and Variables appear once in the State (at the first path that reaches
-    them) and are shared again by `merge`. The State holds new Variables with the same
-    values and metadata, so changing it does not change `node`.
+    them) and are shared again by `merge`. The State holds the graph's own Variables (not
+    copies), so `state.w.value = ...` writes to `node` too; a State made by `jax.tree.map`
+    or returned from a JAX transform holds new ones.
 
     Arguments:
         node: a Module (or a list, dict or tuple of them).
@@ -68,7 +64,7 @@ def split(node: Any, *filters: Any) -> tuple[Any, ...]:
         >>> type(merge(graphdef, params, stats)).__name__
         'Norm'
     """
-    graphdef, flat = _snapshot_state(node)
+    graphdef, flat = _flat_state(node)
     return (graphdef, *_states(flat, filters, exhaustive=True))
 
 
@@ -93,7 +89,7 @@ def state(node: Any, *filters: Any) -> Any:
         >>> state(Linear()).to_pure_dict()["w"].tolist()
         [1.0, 1.0]
     """
-    _, flat = _snapshot_state(node)
+    _, flat = _flat_state(node)
     states = _states(flat, filters, exhaustive=False)
     return states[0] if len(states) == 1 else states
 
@@ -112,17 +108,20 @@ def graphdef(node: Any) -> GraphDef:
     return GraphWalk().graphdef(node)
 
 
-def merge(graphdef: GraphDef, *states: Any) -> Any:
+def merge(graphdef: GraphDef, *states: Any, copy: bool = False) -> Any:
     """Build a new object graph from a `GraphDef` and States (the inverse of `split`).
 
     Arguments:
         graphdef: from `split` or `graphdef`.
         *states: States (or nested dicts) that together hold exactly the paths the
-            graphdef needs; Variables in them give their type and metadata, bare values
-            take those recorded in the graphdef.
+            graphdef needs. Their Variables are placed in the new graph as they are
+            (their type and metadata win); bare values get new Variables of the type and
+            metadata recorded in the graphdef.
+        copy: put copies of the States' Variables in the graph instead, so that the new
+            graph shares no Variable with the States (or the graph they came from).
 
     Returns:
-        The new graph: new Modules and Variables, shared where the original was.
+        The new graph: new Modules, shared where the original was.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -156,11 +155,14 @@ def merge(graphdef: GraphDef, *states: Any) -> Any:
             + (f"Paths the GraphDef does not have: {extra}. " if extra else "")
             + "Pass every State that `split` returned for this graphdef, and no others."
         )
-    return build(graphdef, [flat[path] for path in graphdef.paths])
+    return build(graphdef, [flat[path] for path in graphdef.paths], copy=copy)
 
 
 def clone(node: Any) -> Any:
-    """A deep copy of an object graph, with its sharing: `merge(*split(node))`.
+    """A copy of an object graph with new Modules and Variables, and the same sharing.
+
+    The arrays themselves are not copied (JAX arrays are immutable): `merge(*split(node),
+    copy=True)`.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -174,7 +176,7 @@ def clone(node: Any) -> Any:
         >>> copy.w is model.w, copy.w.value is model.w.value
         (False, True)
     """
-    return merge(*split(node))
+    return merge(*split(node), copy=True)
 
 
 def _child(obj: Any, key: Any) -> Any:
@@ -326,7 +328,5 @@ def pop(node: Any, *filters: Any) -> Any:
             delattr(parent, key)
         else:
             del parent[key]
-    states = tuple(
-        State.from_flat_path({p: _snapshot(v) for p, v in part.items()}) for part in parts[:-1]
-    )
+    states = tuple(State.from_flat_path(part) for part in parts[:-1])
     return states[0] if len(states) == 1 else states

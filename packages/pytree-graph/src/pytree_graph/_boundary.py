@@ -1,0 +1,383 @@
+"""Carrying object graphs into a JAX transform, and what changed inside back out.
+
+Every graph transform runs in three steps:
+
+1. Outside, `Lifted(tree)` walks the call's arguments once: their `GraphDef` is the
+   static part of the call, the values of their Variables and arrays the dynamic part.
+2. Inside the transform (traced), `Inside(graphdef, values)` builds new objects from
+   them; the user's function runs on those; `inside.outcome(out)` then describes what
+   came out (the output, and how the arguments' graph changed) as a static `Outcome`
+   plus the dynamic values that description needs.
+3. Outside again, `lifted.apply(outcome, values)` writes the changes to the caller's
+   objects and builds the output, with the caller's objects wherever the output refers
+   to objects that came in.
+
+Most calls change only Variable values, if anything: the outcome then lists the leaf
+positions written, and applying it is one assignment per written Variable. When the
+structure changed (new attributes, swapped submodules, new metadata) the outcome
+describes the whole graph, and the caller's objects are updated to match it.
+"""
+
+import functools
+from typing import Any
+
+import jax
+
+from pytree_module import Module, Partial
+
+from ._graphdef import LEAF, STATIC, Builder, GraphDef, check_writable
+from ._traverse import GraphWalk
+from ._variables import Variable
+
+# Outcome forms.
+VALUES = 0  # only Variable values changed (or nothing did)
+STRUCTURE = 1  # the graph's structure changed: everything is described again
+
+
+def value_of(leaf: Any) -> Any:
+    """The dynamic value of a state leaf: a Variable's value, or the array itself."""
+    return leaf._pg_flat[0][0] if isinstance(leaf, Variable) else leaf
+
+
+class Lifted:
+    """A call's arguments, walked once: their structure and their current values.
+
+    Attributes:
+        graphdef: the structure of the whole argument tree (sharing across arguments
+            included).
+        values: the value of each Variable and array, in the graphdef's leaf order.
+        leaves: the live Variables and arrays themselves.
+        paths: the path of each leaf in the argument tree.
+        objects: the live Modules, Variables and objects, by graphdef index.
+    """
+
+    __slots__ = ("graphdef", "leaves", "objects", "paths", "values")
+
+    def __init__(self, tree: Any):
+        walk = GraphWalk()
+        self.graphdef = walk.graphdef(tree)
+        self.leaves = walk.leaves
+        self.paths = walk.paths
+        self.objects = walk.objects
+        self.values = list(map(value_of, walk.leaves))
+
+    def write_all(self, values: list[Any]) -> Any:
+        """Give every Variable and array of the caller's graph its value from `values`
+        (in leaf order), updating objects in place; return the rebuilt argument tree."""
+        builder = Builder(values, [None] * len(self.objects), reuse=dict(enumerate(self.objects)))
+        return builder.visit(self.graphdef.root)
+
+    def build_output(self, outcome: "Outcome", out_values: list[Any]) -> Any:
+        """The output an outcome describes, with the caller's objects where it refers to
+        objects that came in."""
+        if outcome.out is None:
+            return out_values[0] if outcome.out_is_leaf else None
+        positions = [None] * outcome.first_out + list(out_values)
+        objects = self.objects + [None] * (outcome.num_objects - len(self.objects))
+        return Builder(positions, objects).visit(outcome.out)
+
+    def write_changes(self, outcome: "Outcome", values: list[Any]) -> None:
+        """Write back what a `fixed_outcome` says changed, from every leaf's new value."""
+        if outcome.rewrite:
+            self.write_all(values)
+            return
+        leaves = self.leaves
+        for position in outcome.changed:
+            variable = leaves[position]
+            check_writable(variable)
+            _set_value(variable, ((values[position],), variable._pg_flat[1]))
+
+    def apply(self, outcome: "Outcome", values: list[Any]) -> Any:
+        """Write `outcome`'s changes into the caller's objects; return the output."""
+        if outcome.form == VALUES:
+            leaves = self.leaves
+            for position, value in zip(outcome.changed, values, strict=False):
+                variable = leaves[position]
+                check_writable(variable)
+                _set_value(variable, ((value,), variable._pg_flat[1]))
+            return self.build_output(outcome, values[len(outcome.changed) :])
+        reuse = {
+            index: self.objects[origin]
+            for index, origin in enumerate(outcome.origins)
+            if origin >= 0
+        }
+        builder = Builder(values, [None] * outcome.num_objects, reuse=reuse)
+        builder.visit(outcome.args)
+        return builder.visit(outcome.out)
+
+
+_set_value = Variable._pg_flat.__set__  # type: ignore[attr-defined]
+
+
+class Inside:
+    """The objects a transformed function works on, built inside the transform.
+
+    Arguments:
+        graphdef: the `Lifted` graphdef.
+        values: the values (tracers, inside a transform) in its leaf order.
+
+    Attributes:
+        tree: the rebuilt argument tree: new Modules and Variables, shared as outside.
+    """
+
+    __slots__ = ("graphdef", "objects", "tree", "values")
+
+    def __init__(self, graphdef: GraphDef, values: list[Any]):
+        self.graphdef = graphdef
+        self.values = values
+        self.objects: list[Any] = [None] * graphdef.num_objects
+        self.tree = Builder(values, self.objects).visit(graphdef.root)
+
+    def outcome(self, out: Any, full: bool = False) -> tuple["Outcome", list[Any]]:
+        """Describe what the function changed and returned: `(outcome, values)`.
+
+        Arguments:
+            out: what the function returned (it may hold objects that came in, or new
+                ones).
+            full: describe the whole graph (form `STRUCTURE`) even if only values changed.
+        """
+        after = _After(self, out)
+        if after.same and not after.arrays_replaced and not full:
+            changed = tuple(after.changed)
+            new_values = [after.values[p] for p in changed]
+            out_record = after.out_record
+            if out_record[0] == LEAF and out_record[1] == after.num_leaves:
+                # The common case, a single array out: nothing to rebuild outside.
+                outcome = Outcome(VALUES, changed=changed, out_is_leaf=True)
+            elif out_record == _NONE:
+                outcome = Outcome(VALUES, changed=changed)
+            else:
+                outcome = Outcome(
+                    VALUES,
+                    changed=changed,
+                    out=out_record,
+                    first_out=after.num_leaves,
+                    num_objects=after.num_objects,
+                )
+            return outcome, new_values + after.out_values
+        index_of = {id(obj): i for i, obj in enumerate(self.objects)}
+        origins = tuple(index_of.get(id(obj), -1) for obj in after.objects)
+        outcome = Outcome(
+            STRUCTURE,
+            args=after.args_record,
+            out=after.out_record,
+            origins=origins,
+            num_objects=after.num_objects,
+        )
+        return outcome, after.values + after.out_values
+
+    def fixed_outcome(
+        self, out: Any, transform: str, track: bool = True
+    ) -> tuple[list[Any], "Outcome", list[Any]]:
+        """For transforms whose inputs must keep their structure (vmap, loops, branches).
+
+        Arguments:
+            out: what the function returned.
+            transform: the transform's name, for the error.
+            track: list the Variables written in the outcome; without it (for branches,
+                which must agree on their outcome) the outcome says to write back all.
+
+        Returns:
+            `(values, outcome, out_values)`: the value of every argument leaf after the
+            call, in the original order; the outcome (form `VALUES`, the output's record);
+            the output's own values.
+
+        Raises:
+            ValueError: the function changed the structure of its arguments.
+        """
+        after = _After(self, out)
+        if not after.same:
+            raise ValueError(
+                f"{transform}: the function changed the structure of the objects passed to "
+                "it (added, removed or replaced an attribute or submodule, or changed a "
+                f"Variable's type or metadata). Inside {transform} only the values of "
+                "Variables and arrays may change: make structural changes outside it, or "
+                "inside `pytree_graph.jit`."
+            )
+        outcome = Outcome(
+            VALUES,
+            changed=tuple(after.changed) if track else (),
+            rewrite=after.arrays_replaced or not track,
+            out=after.out_record,
+            first_out=after.num_leaves,
+            num_objects=after.num_objects,
+        )
+        return after.values, outcome, after.out_values
+
+
+class _After:
+    """The arguments' graph and the output, walked after the function ran."""
+
+    __slots__ = (
+        "args_record",
+        "arrays_replaced",
+        "changed",
+        "num_leaves",
+        "num_objects",
+        "objects",
+        "out_record",
+        "out_values",
+        "same",
+        "values",
+    )
+
+    def __init__(self, inside: Inside, out: Any):
+        walk = GraphWalk()
+        self.args_record = walk.visit(inside.tree, ())
+        self.num_leaves = len(walk.leaves)
+        self.values = list(map(value_of, walk.leaves))
+        objects = walk.objects
+        # Same structure, and the very objects that were built for the call.
+        self.same = (
+            self.args_record == inside.graphdef.root
+            and len(objects) == len(inside.objects)
+            and all(a is b for a, b in zip(objects, inside.objects, strict=True))
+        )
+        self.changed: list[int] = []
+        self.arrays_replaced = False
+        if self.same:
+            for position, (leaf, now, given) in enumerate(
+                zip(walk.leaves, self.values, inside.values, strict=True)
+            ):
+                if now is not given:
+                    if isinstance(leaf, Variable):
+                        self.changed.append(position)
+                    else:
+                        self.arrays_replaced = True
+        self.out_record = walk.visit(out, ("<output>",))
+        self.out_values = list(map(value_of, walk.leaves[self.num_leaves :]))
+        self.objects = walk.objects
+        self.num_objects = len(walk.objects)
+
+
+_NONE = (STATIC, None)
+
+
+class Outcome:
+    """What a transformed function did, in static form: it leaves the transform as
+    the structure of its output (a pytree with no leaves), so compiled functions keep it.
+
+    Attributes:
+        form: `VALUES` or `STRUCTURE`.
+        changed: (`VALUES`) leaf positions of the Variables written.
+        out: the record of the output (`None` for `None` or a single array).
+        out_is_leaf: (`VALUES`) whether the output is a single array.
+        first_out: (`VALUES`) the first leaf position of the output's own leaves.
+        rewrite: (`VALUES`, from `fixed_outcome`) write every leaf back, not only the
+            Variables in `changed`.
+        args: (`STRUCTURE`) the record of the arguments after the call.
+        origins: (`STRUCTURE`) for each object index, the index it came in with, or -1.
+        num_objects: how many objects the records number.
+    """
+
+    __slots__ = (
+        "args",
+        "changed",
+        "first_out",
+        "form",
+        "num_objects",
+        "origins",
+        "out",
+        "out_is_leaf",
+        "rewrite",
+    )
+
+    def __init__(
+        self,
+        form: int,
+        *,
+        changed: tuple[int, ...] = (),
+        out: tuple | None = None,
+        out_is_leaf: bool = False,
+        first_out: int = 0,
+        args: tuple | None = None,
+        origins: tuple[int, ...] = (),
+        num_objects: int = 0,
+        rewrite: bool = False,
+    ):
+        self.rewrite = rewrite
+        self.form = form
+        self.changed = changed
+        self.out = out
+        self.out_is_leaf = out_is_leaf
+        self.first_out = first_out
+        self.args = args
+        self.origins = origins
+        self.num_objects = num_objects
+
+    def _key(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Outcome) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+
+jax.tree_util.register_pytree_node(Outcome, lambda o: ((), o), lambda o, _: o)
+
+
+def holds_graph_nodes(value: Any) -> bool:
+    """Whether `value` is, or holds, a Module or Variable (so a transform must lift it)."""
+    return any(
+        isinstance(leaf, Module | Variable)
+        for leaf in jax.tree_util.tree_leaves(value, is_leaf=_stops)
+    )
+
+
+def holds_modules(value: Any) -> bool:
+    """Whether `value` is, or holds, a Module."""
+    return any(
+        isinstance(leaf, Module) for leaf in jax.tree_util.tree_leaves(value, is_leaf=_stops)
+    )
+
+
+def _stops(value: Any) -> bool:
+    return isinstance(value, Module | Variable)
+
+
+class Call:
+    """How a transformed function is called: the tree a transform lifts, and back.
+
+    The function itself is lifted with the arguments when it holds Modules or
+    Variables (a Module, a bound method of one), so that its state is an input too.
+    """
+
+    __slots__ = ("fun", "lift_fun")
+
+    def __init__(self, fun: Any):
+        if type(fun) is functools.partial and holds_graph_nodes((fun.args, fun.keywords)):
+            # e.g. a transformed method, bound to its Module: lift what it is bound to
+            fun = Partial(fun.func, *fun.args, **fun.keywords)
+        self.fun = fun
+        self.lift_fun = holds_graph_nodes(fun)
+
+    def tree(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
+        """The tree to lift for a call with `args` and `kwargs`."""
+        return (self.fun, args, kwargs) if self.lift_fun else (args, kwargs)
+
+    def run(self, tree: tuple) -> Any:
+        """Call the function on a (rebuilt) tree from `tree`."""
+        if self.lift_fun:
+            fun, args, kwargs = tree
+            return fun(*args, **kwargs)
+        args, kwargs = tree
+        return self.fun(*args, **kwargs)
+
+    def split_path(self, path: tuple) -> tuple[Any, tuple]:
+        """Which argument a leaf path of the tree is in, and the path within it.
+
+        The argument is an int (positional), a str (keyword), or None (the function
+        itself).
+        """
+        if self.lift_fun:
+            if path[0] == 0:
+                return None, path[1:]
+            path = path[1:]
+        return path[1], path[2:]
+
+    def argument_record(self, graphdef: GraphDef, argument: int) -> tuple:
+        """The record of positional argument `argument` in a lifted tree's graphdef."""
+        args_record = graphdef.root[1][1 if self.lift_fun else 0]
+        return args_record[1][argument]

@@ -1,0 +1,286 @@
+"""Control flow over object graphs: `cond`, `switch`, `fori_loop`, `while_loop`, `scan`.
+
+Each takes the same arguments as its `jax.lax` counterpart, but the operands, carries and
+scanned values may hold Modules and Variables (shared ones included). Variables written
+inside are written back to the caller's objects afterwards. Their structure must stay
+the same inside (only values change): a loop carry cannot grow an attribute.
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from ._boundary import Inside, Lifted, value_of
+from ._graphdef import build
+from ._traverse import GraphWalk
+
+
+def _branch(fun: Callable[..., Any], lifted: Lifted, transform: str) -> Callable[..., Any]:
+    def run(values: list[Any]) -> Any:
+        inside = Inside(lifted.graphdef, values)
+        # Branches must agree on their outcome, so none lists which Variables it wrote.
+        return inside.fixed_outcome(fun(*inside.tree), transform, track=False)
+
+    return run
+
+
+def _finish(lifted: Lifted, result: tuple) -> Any:
+    values, outcome, out_values = result
+    lifted.write_changes(outcome, values)
+    return lifted.build_output(outcome, out_values)
+
+
+def cond(pred: Any, true_fun: Callable[..., Any], false_fun: Callable[..., Any], *operands: Any):
+    """`jax.lax.cond` whose operands may hold Modules and Variables.
+
+    Both branches get the operands (rebuilt, sharing kept) and must return outputs of the
+    same structure; Variables either writes are written back to the caller's objects.
+
+    Arguments:
+        pred: a boolean scalar.
+        true_fun: called with the operands when `pred` is true.
+        false_fun: called with the operands otherwise.
+        *operands: the arguments of both branches.
+
+    Returns:
+        The output of the branch taken.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_graph import Variable, cond
+        >>> count = Variable(jnp.array(0))
+        >>> def increment(c):
+        ...     c.value += 1
+        >>> cond(jnp.array(True), increment, lambda c: None, count)
+        >>> int(count.value)
+        1
+    """
+    lifted = Lifted(operands)
+    result = jax.lax.cond(
+        pred,
+        _branch(true_fun, lifted, "cond"),
+        _branch(false_fun, lifted, "cond"),
+        lifted.values,
+    )
+    return _finish(lifted, result)
+
+
+def switch(index: Any, branches: Sequence[Callable[..., Any]], *operands: Any) -> Any:
+    """`jax.lax.switch` whose operands may hold Modules and Variables.
+
+    Arguments:
+        index: an integer scalar choosing the branch (clamped to the valid range).
+        branches: the functions, each called with the operands; their outputs must have
+            the same structure.
+        *operands: the arguments of the branches.
+
+    Returns:
+        The output of the branch taken; Variables it wrote are written back.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_graph import Variable, switch
+        >>> v = Variable(jnp.array(10.0))
+        >>> def double(v):
+        ...     v.value *= 2
+        >>> def halve(v):
+        ...     v.value /= 2
+        >>> switch(jnp.array(1), [double, halve], v)
+        >>> float(v.value)
+        5.0
+    """
+    lifted = Lifted(operands)
+    result = jax.lax.switch(index, [_branch(f, lifted, "switch") for f in branches], lifted.values)
+    return _finish(lifted, result)
+
+
+def _carried(lifted: Lifted, value: Any, transform: str, what: str) -> list[Any]:
+    """The values of a loop carry, checking it kept the structure it came in with."""
+    walk = GraphWalk()
+    graphdef = walk.graphdef(value)
+    if graphdef != lifted.graphdef:
+        raise ValueError(
+            f"{transform}: {what} must return a carry of the same structure as the initial "
+            f"one, with the same sharing (got {graphdef!r}, expected {lifted.graphdef!r}). "
+            "Only the values of its Variables and arrays may change in the loop: make "
+            "structural changes before or after it."
+        )
+    return list(map(value_of, walk.leaves))
+
+
+def _loop_body(body_fun: Callable[..., Any], lifted: Lifted, transform: str) -> Callable[..., Any]:
+    def body(*call: Any) -> list[Any]:
+        *index, values = call
+        inside = Inside(lifted.graphdef, values)
+        return _carried(lifted, body_fun(*index, inside.tree), transform, "body_fun")
+
+    return body
+
+
+def fori_loop(
+    lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_val: Any, **kwargs: Any
+) -> Any:
+    """`jax.lax.fori_loop` whose carry may hold Modules and Variables.
+
+    The caller's objects in `init_val` hold the final values afterwards, and are what is
+    returned (arrays in the carry come back new).
+
+    Arguments:
+        lower: the first index.
+        upper: the index after the last.
+        body_fun: `body_fun(i, val) -> val`, returning the carry with the same structure.
+        init_val: the initial carry.
+        **kwargs: passed on to `jax.lax.fori_loop` (e.g. `unroll`).
+
+    Returns:
+        The final carry.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Variable, fori_loop
+        >>> class Accumulator(Module):
+        ...     def __init__(self):
+        ...         self.total = Variable(jnp.array(0))
+        >>> acc = Accumulator()
+        >>> def body(i, a):
+        ...     a.total.value += i
+        ...     return a
+        >>> fori_loop(0, 5, body, acc) is acc, int(acc.total.value)
+        (True, 10)
+    """
+    lifted = Lifted(init_val)
+    body = _loop_body(body_fun, lifted, "fori_loop")
+    return lifted.write_all(jax.lax.fori_loop(lower, upper, body, lifted.values, **kwargs))
+
+
+def while_loop(
+    cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], init_val: Any
+) -> Any:
+    """`jax.lax.while_loop` whose carry may hold Modules and Variables.
+
+    Arguments:
+        cond_fun: `cond_fun(val) -> bool scalar`; it must not change the carry.
+        body_fun: `body_fun(val) -> val`, returning the carry with the same structure.
+        init_val: the initial carry.
+
+    Returns:
+        The final carry (the caller's objects, holding the final values).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_graph import Variable, while_loop
+        >>> v = Variable(jnp.array(1))
+        >>> def double(v):
+        ...     v.value *= 2
+        ...     return v
+        >>> _ = while_loop(lambda v: v.value < 100, double, v)
+        >>> int(v.value)
+        128
+    """
+    lifted = Lifted(init_val)
+
+    def condition(values: list[Any]) -> Any:
+        inside = Inside(lifted.graphdef, values)
+        result = cond_fun(inside.tree)
+        after = _carried(lifted, inside.tree, "while_loop", "cond_fun")
+        if any(a is not b for a, b in zip(after, values, strict=True)):
+            raise ValueError(
+                "while_loop: cond_fun changed a value of the carry; only body_fun may "
+                "change it (cond_fun's changes would be lost)."
+            )
+        return result
+
+    body = _loop_body(body_fun, lifted, "while_loop")
+    return lifted.write_all(jax.lax.while_loop(condition, body, lifted.values))
+
+
+def scan(
+    f: Callable[[Any, Any], tuple[Any, Any]],
+    init: Any,
+    xs: Any = None,
+    length: int | None = None,
+    reverse: bool = False,
+    unroll: int | bool = 1,
+    **kwargs: Any,
+) -> tuple[Any, Any]:
+    """`jax.lax.scan` whose carry and scanned values may hold Modules and Variables.
+
+    The carry (e.g. a model updated step by step) keeps its structure; `xs` may hold
+    Modules whose Variables have a leading axis (e.g. a stack of layers), each step
+    getting the Module with one slice of every Variable. Variables written inside are
+    written back: the carry's final values, and, for the scanned objects, every step's
+    values stacked.
+
+    Arguments:
+        f: `f(carry, x) -> (carry, y)`.
+        init: the initial carry.
+        xs: what to scan over, along the leading axis of every array and Variable.
+        length: the number of steps, when `xs` has no arrays.
+        reverse: scan from the end.
+        unroll: how many steps to unroll in the compiled loop.
+        **kwargs: passed on to `jax.lax.scan`.
+
+    Returns:
+        `(carry, ys)`: the final carry (the caller's objects, updated) and the stacked
+        outputs.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, scan
+        >>> class Layer(Module):
+        ...     def __init__(self, w):
+        ...         self.w = Param(w)
+        ...     def __call__(self, x):
+        ...         return x * self.w.value
+        >>> stack = Layer(jnp.array([1.0, 2.0, 3.0]))  # three layers, stacked
+        >>> y, _ = scan(lambda x, layer: (layer(x), None), jnp.array(1.0), stack)
+        >>> float(y)
+        6.0
+    """
+    carry_lifted = Lifted(init)
+    xs_lifted = Lifted(xs)
+    both = {id(o) for o in carry_lifted.objects} & {id(o) for o in xs_lifted.objects}
+    if both:
+        raise ValueError(
+            "scan: the same Module or Variable is both in the carry and in xs. An object "
+            "is either carried from step to step or scanned over, slice by slice: keep "
+            "it in one of them."
+        )
+
+    def body(carry_values: list[Any], x_values: list[Any]) -> Any:
+        carry_inside = Inside(carry_lifted.graphdef, carry_values)
+        x_inside = Inside(xs_lifted.graphdef, x_values)
+        out = f(carry_inside.tree, x_inside.tree)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise TypeError(f"scan: f must return a pair (carry, y), got {type(out).__name__}.")
+        carry, y = out
+        new_carry = _carried(carry_lifted, carry, "scan", "f")
+        x_after, x_outcome, _ = x_inside.fixed_outcome(None, "scan")
+        written = x_after if x_outcome.rewrite else [x_after[p] for p in x_outcome.changed]
+        walk = GraphWalk()
+        y_graphdef = walk.graphdef(y)
+        y_values = list(map(value_of, walk.leaves))
+        return new_carry, (written, y_values, (x_outcome, y_graphdef))
+
+    final, (written, y_values, static) = jax.lax.scan(
+        body,
+        carry_lifted.values,
+        xs_lifted.values,
+        length=length,
+        reverse=reverse,
+        unroll=unroll,
+        **kwargs,
+    )
+    x_outcome, y_graphdef = static
+    if x_outcome.rewrite:
+        xs_lifted.write_all(written)
+    else:
+        full = list(xs_lifted.values)
+        for position, value in zip(x_outcome.changed, written, strict=True):
+            full[position] = value
+        xs_lifted.write_changes(x_outcome, full)
+    carry = carry_lifted.write_all(final)
+    return carry, build(y_graphdef, y_values)

@@ -1,0 +1,111 @@
+"""`remat` and `eval_shape` for functions of object graphs."""
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from pytree_transforms._method import BindsAsMethod
+
+from ._boundary import Call, Inside, Lifted
+from ._graphdef import Builder
+
+
+class _GraphRemat(BindsAsMethod):
+    """The function `remat` returns."""
+
+    def __init__(self, fun: Callable[..., Any], checkpoint_kwargs: dict[str, Any]):
+        self._call = Call(fun)
+        self._checkpoint_kwargs = checkpoint_kwargs
+        functools.update_wrapper(self, fun, updated=())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        call = self._call
+        lifted = Lifted(call.tree(args, kwargs))
+
+        def pure(values: list[Any]) -> Any:
+            inside = Inside(lifted.graphdef, values)
+            return inside.outcome(call.run(inside.tree))
+
+        outcome, values = jax.checkpoint(pure, **self._checkpoint_kwargs)(lifted.values)
+        return lifted.apply(outcome, values)
+
+
+def remat(
+    fun: Callable[..., Any] | None = None,
+    *,
+    prevent_cse: bool = True,
+    policy: Callable[..., bool] | None = None,
+) -> Any:
+    """`jax.checkpoint` (rematerialisation) for functions of Modules and Variables.
+
+    Under differentiation, the function's intermediate values are recomputed on the
+    backward pass instead of stored, trading compute for memory (e.g. per block of a deep
+    network). Changes to the objects passed in are written back, as `jit` does.
+
+    Arguments:
+        fun: the function. Omit it to get a decorator.
+        prevent_cse: as in `jax.checkpoint`.
+        policy: as in `jax.checkpoint` (e.g. `jax.checkpoint_policies.dots_saveable`).
+
+    Returns:
+        The function, rematerialised.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, grad, remat
+        >>> class Block(Module):
+        ...     def __init__(self):
+        ...         self.w = Param(jnp.array(2.0))
+        ...     @remat
+        ...     def __call__(self, x):
+        ...         return jnp.sin(self.w.value * x)
+        >>> float(grad(lambda m, x: m(x))(Block(), 0.0)["w"].value)
+        0.0
+    """
+    if fun is None:
+        return functools.partial(remat, prevent_cse=prevent_cse, policy=policy)
+    if not callable(fun):
+        raise TypeError(f"remat expects a function, got {type(fun).__name__}: {fun!r}.")
+    return _GraphRemat(fun, {"prevent_cse": prevent_cse, "policy": policy})
+
+
+def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """The output of `fun(*args, **kwargs)` with shapes and dtypes only, computing nothing.
+
+    As `jax.eval_shape`, but the output may hold Modules and Variables: they come back
+    holding `jax.ShapeDtypeStruct`s. This is how to see the parameters a model would have
+    without allocating them. The objects passed in are left as they are.
+
+    Arguments:
+        fun: the function.
+        *args: its positional arguments (may hold Modules and Variables).
+        **kwargs: its keyword arguments.
+
+    Returns:
+        The output, with every array replaced by a `jax.ShapeDtypeStruct`.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, eval_shape
+        >>> class Linear(Module):
+        ...     def __init__(self, n):
+        ...         self.w = Param(jnp.ones((n, n)))
+        >>> eval_shape(lambda: Linear(1000)).w.value
+        ShapeDtypeStruct(shape=(1000, 1000), dtype=float32)
+    """
+    call = Call(fun)
+    lifted = Lifted(call.tree(args, kwargs))
+
+    def pure(values: list[Any]) -> Any:
+        inside = Inside(lifted.graphdef, values)
+        return inside.outcome(call.run(inside.tree), full=True)
+
+    outcome, values = jax.eval_shape(pure, lifted.values)
+    # New objects throughout, the arguments' included, so the output holds no array.
+    builder = Builder(values, [None] * outcome.num_objects)
+    builder.visit(outcome.args)
+    return builder.visit(outcome.out)
