@@ -336,3 +336,59 @@ def test_batch_stats_and_params_split_for_grad():
     grads = jax.grad(loss)(params)
     assert isinstance(grads, State) and type(grads["scale"]) is Param
     assert grads["scale"].value.tolist() == [1.0, 1.0]
+
+
+def test_repeated_split_and_merge_take_the_fast_paths_and_stay_exact():
+    """Repeats reuse the cached walk and JAX's unflatten; every change is still seen."""
+
+    class Layer(Module):
+        def __init__(self, k):
+            self.w = Param(jnp.full(2, float(k)))
+            self.b = BatchStat(jnp.zeros(2))
+
+    class Net(Module):
+        def __init__(self):
+            self.layers = [Layer(k) for k in range(4)]
+            self.scale = 2
+
+    net = Net()
+    for _ in range(3):
+        gdef, st = split(net)
+        rebuilt = merge(gdef, st)
+        assert rebuilt is not net and rebuilt.layers[2].w is net.layers[2].w
+        assert rebuilt.scale == 2 and len(rebuilt.layers) == 4
+    # Changes between splits are seen: an item replaced, an attribute, metadata.
+    net.layers[1] = Layer(10)
+    net.scale = 3
+    net.layers[0].w.tag = "t"
+    gdef2, st2 = split(net)
+    assert gdef2 != gdef and float(st2["layers"][1]["w"].value[0]) == 10.0
+    rebuilt = merge(gdef2, st2)
+    assert rebuilt.scale == 3 and rebuilt.layers[0].w.tag == "t"
+    # A State changed after split goes the general way, and says what it lacks.
+    gdef, st = split(net)
+    st["layers"][3]["w"] = Param(jnp.ones(2) * 7)
+    assert float(merge(gdef, st).layers[3].w.value[0]) == 7.0
+    gdef, st = split(net)
+    del st["layers"][3]["w"]
+    with pytest.raises(ValueError, match=r"Missing paths: \[\('layers', 3, 'w'\)\]"):
+        merge(gdef, st)
+    # Bare values (no Variables) after the fast form was learnt: new Variables.
+    gdef, st = split(net)
+    pure = State(st.to_pure_dict())
+    rebuilt = merge(gdef, pure)
+    assert isinstance(rebuilt.layers[0].w, Param) and rebuilt.layers[0].w is not net.layers[0].w
+    # copy=True on the fast path too.
+    copied = merge(gdef, split(net)[1], copy=True)
+    assert copied.layers[0].w is not net.layers[0].w
+    assert copied.layers[0].w.value is net.layers[0].w.value
+
+
+def test_states_copy_and_pickle():
+    import copy as copy_module
+    import pickle
+
+    st = state(StatefulLinear(2, 3, jax.random.key(0)))
+    for other in (copy_module.copy(st), copy_module.deepcopy(st), pickle.loads(pickle.dumps(st))):
+        assert isinstance(other, State) and sorted(other) == sorted(st)
+        assert other["w"].value.tolist() == st["w"].value.tolist()

@@ -547,3 +547,58 @@ def test_transforms_nest():
         return pg.vmap(lambda m, x: m.layers[0].w.value.T @ x, in_axes=(axes, 0))(m, x)
 
     assert forward(model, x).shape == (5, 2)
+
+
+# ---------------------------------------------------------- the cache of walks
+
+
+def test_repeat_calls_see_every_kind_of_change():
+    """A cached walk is reused only while nothing it depends on changed."""
+    model = MLP(jax.random.key(0))
+    step = pg.jit(lambda m, x: m(x))
+    x = jnp.ones(2)
+    step(model, x)
+    # Replace a list item in place with a layer of the same structure: new values used.
+    model.layers[1] = Linear(2, 2, jax.random.key(7))
+    assert jnp.allclose(step(model, x), model(x))
+    assert int(model.layers[1].calls.value) == 2
+    # A new attribute value of a Module.
+    model.layers[2].w = Param(jnp.zeros((2, 2)))
+    assert jnp.allclose(step(model, x), jnp.zeros(2))
+
+    # A Variable replaced in a dict, and a pytree=False object's attribute.
+    class Holder(Module, pytree=False):
+        pass
+
+    holder = Holder()
+    holder.params = {"w": Param(jnp.ones(2))}
+    read = pg.jit(lambda h: h.params["w"].value * 1)
+    assert read(holder).tolist() == [1.0, 1.0]
+    holder.params["w"] = Param(jnp.full(2, 3.0))
+    assert read(holder).tolist() == [3.0, 3.0]
+    holder.params = {"w": Param(jnp.full(2, 4.0))}
+    assert read(holder).tolist() == [4.0, 4.0]
+
+
+def test_equal_structures_share_the_compiled_function():
+    f, traces = counting(lambda m, x: m(x))
+    step = pg.jit(f)
+    for seed in range(3):
+        step(MLP(jax.random.key(seed)), jnp.ones(2))
+    assert len(traces) == 1
+
+
+def test_the_cache_does_not_keep_objects_alive():
+    import gc
+    import weakref
+
+    from pytree_graph._lift_cache import lift_cache
+
+    model = MLP(jax.random.key(0))
+    pg.jit(lambda m: m.layers[0].w.value)(model)
+    ref = weakref.ref(model.layers[0])
+    del model
+    gc.collect()
+    assert ref() is None
+    # Entries go with their objects.
+    assert all(r() is not None for e in lift_cache._entries.values() for r in e.refs)

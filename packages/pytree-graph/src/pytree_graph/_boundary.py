@@ -45,21 +45,70 @@ class Lifted:
     Attributes:
         graphdef: the structure of the whole argument tree (sharing across arguments
             included).
+        paths: the path of each leaf in the argument tree.
         values: the value of each Variable and array, in the graphdef's leaf order.
         leaves: the live Variables and arrays themselves.
-        paths: the path of each leaf in the argument tree.
         objects: the live Modules, Variables and objects, by graphdef index.
+
+    A `Lifted` made from a cached walk (see `_lift_cache`) computes `values`, `leaves`
+    and `objects` only when asked: a jitted call needs none of them in graphdef order.
     """
 
-    __slots__ = ("graphdef", "leaves", "objects", "paths", "values")
+    __slots__ = ("_leaves", "_objects", "_source", "_values", "graphdef", "paths")
 
     def __init__(self, tree: Any):
         walk = GraphWalk()
-        self.graphdef = walk.graphdef(tree)
-        self.leaves = walk.leaves
-        self.paths = walk.paths
-        self.objects = walk.objects
-        self.values = list(map(value_of, walk.leaves))
+        self._take(walk, walk.graphdef(tree))
+
+    @classmethod
+    def of_walk(cls, walk: GraphWalk, graphdef: GraphDef) -> "Lifted":
+        """The `Lifted` of a tree `walk` has just walked (`graphdef` being its result)."""
+        lifted = cls.__new__(cls)
+        lifted._take(walk, graphdef)
+        return lifted
+
+    @classmethod
+    def of_source(cls, graphdef: GraphDef, paths: tuple, source: Any) -> "Lifted":
+        """A `Lifted` whose leaves and objects `source` gives (a `_lift_cache` source:
+        `values()`, `leaves()`, `objects()`, and `reordered`/`value_source` for a jit)."""
+        lifted = cls.__new__(cls)
+        lifted.graphdef = graphdef
+        lifted.paths = paths
+        lifted._values = lifted._leaves = lifted._objects = None
+        lifted._source = source
+        return lifted
+
+    def _take(self, walk: GraphWalk, graphdef: GraphDef) -> None:
+        self.graphdef = graphdef
+        self.paths = graphdef.paths
+        self._leaves = walk.leaves
+        self._objects = walk.objects
+        self._values = list(map(value_of, walk.leaves))
+        self._source = None
+
+    @property
+    def values(self) -> list[Any]:
+        if self._values is None:
+            self._values = self._source.values()
+        return self._values
+
+    @property
+    def leaves(self) -> list[Any]:
+        if self._leaves is None:
+            self._leaves = self._source.leaves()
+        return self._leaves
+
+    @property
+    def objects(self) -> list[Any]:
+        if self._objects is None:
+            self._objects = self._source.objects()
+        return self._objects
+
+    def jit_inputs(self) -> tuple[Any, list[Any]]:
+        """`(static, dynamic)` arguments for a jitted function that calls `Inside`."""
+        if self._source is not None:
+            return self._source.reordered, self._source.value_source
+        return self.graphdef, self.values
 
     def write_all(self, values: list[Any]) -> Any:
         """Give every Variable and array of the caller's graph its value from `values`
@@ -90,7 +139,7 @@ class Lifted:
     def apply(self, outcome: "Outcome", values: list[Any]) -> Any:
         """Write `outcome`'s changes into the caller's objects; return the output."""
         if outcome.form == VALUES:
-            leaves = self.leaves
+            leaves = self.leaves if outcome.changed else ()
             for position, value in zip(outcome.changed, values, strict=False):
                 variable = leaves[position]
                 check_writable(variable)
@@ -109,6 +158,40 @@ class Lifted:
 _set_value = Variable._pg_flat.__set__  # type: ignore[attr-defined]
 
 
+class Reordered:
+    """A graphdef, with the order its leaves come in when they are not in leaf order.
+
+    A cached lift passes values in the order it reads them (Variables first, arrays
+    after); the jitted function puts them in leaf order while tracing, which costs
+    nothing per call. It is a pytree with no leaves, equal by value like a graphdef.
+
+    Attributes:
+        graphdef: the graphdef.
+        order: for each leaf position, the index of its value in the values passed.
+    """
+
+    __slots__ = ("_hash", "graphdef", "order")
+
+    def __init__(self, graphdef: GraphDef, order: tuple[int, ...]):
+        self.graphdef = graphdef
+        self.order = order
+        self._hash = hash((graphdef, order))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (
+            type(other) is Reordered
+            and self._hash == other._hash
+            and self.order == other.order
+            and self.graphdef == other.graphdef
+        )
+
+
+jax.tree_util.register_pytree_node(Reordered, lambda r: ((), r), lambda r, _: r)
+
+
 class Inside:
     """The objects a transformed function works on, built inside the transform.
 
@@ -122,7 +205,10 @@ class Inside:
 
     __slots__ = ("graphdef", "objects", "tree", "values")
 
-    def __init__(self, graphdef: GraphDef, values: list[Any]):
+    def __init__(self, graphdef: "GraphDef | Reordered", values: list[Any]):
+        if type(graphdef) is Reordered:
+            values = [values[i] for i in graphdef.order]
+            graphdef = graphdef.graphdef
         self.graphdef = graphdef
         self.values = values
         self.objects: list[Any] = [None] * graphdef.num_objects

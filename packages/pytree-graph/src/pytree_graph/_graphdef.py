@@ -1,12 +1,16 @@
 """`GraphDef`: the static structure of an object graph, and rebuilding a graph from it."""
 
 import copy
+import operator
 from collections.abc import Sequence
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 import jax
 
 from pytree_module import Module, TraceContextError
+from pytree_module._module import mutations
 from pytree_module._trace import current_trace_token, same_trace
 
 from ._variables import Variable
@@ -52,7 +56,7 @@ class GraphDef:
         'Param'
     """
 
-    __slots__ = ("_hash", "num_leaves", "num_objects", "paths", "root")
+    __slots__ = ("_hash", "_unflatten", "num_leaves", "num_objects", "paths", "root")
 
     def __init__(self, root: tuple, paths: tuple[tuple[Any, ...], ...], num_objects: int) -> None:
         self.root = root
@@ -60,6 +64,10 @@ class GraphDef:
         self.num_leaves = len(paths)
         self.num_objects = num_objects
         self._hash: int | None = None
+        # How `build` can rebuild this graph with one C++ unflatten: None (not tried
+        # yet), False (it cannot: sharing, cycles, `pytree=False` objects...), or
+        # `(treedef, Variable positions)`.
+        self._unflatten: Any = None
 
     def __hash__(self) -> int:
         if self._hash is None:
@@ -106,8 +114,63 @@ def build(graphdef: GraphDef, values: Sequence[Any], copy: bool = False) -> Any:
     A value for a Variable may be a Variable, placed as it is (or a copy of it, with
     `copy`), or a bare value, put in a new Variable of the graphdef's type and metadata.
     """
+    fast = graphdef._unflatten
+    if fast:
+        treedef, positions = fast
+        if _all_variables(values, positions):
+            if copy:
+                values = [v.copy() if isinstance(v, Variable) else v for v in values]
+            return treedef.unflatten(values)
     objects: list[Any] = [None] * graphdef.num_objects
-    return Builder(values, objects, copy=copy).visit(graphdef.root)
+    result = Builder(values, objects, copy=copy).visit(graphdef.root)
+    if fast is None and not copy:
+        graphdef._unflatten = _unflatten_form(graphdef, result, values)
+    return result
+
+
+def _all_variables(values: Sequence[Any], positions: tuple[int, ...]) -> bool:
+    if len(positions) < 2:
+        return all(isinstance(values[p], Variable) for p in positions)
+    return all(map(isinstance, itemgetter(*positions)(values), repeat(Variable)))
+
+
+def _unflatten_form(graphdef: GraphDef, result: Any, values: Sequence[Any]) -> Any:
+    """`(treedef, Variable positions)` if JAX's unflatten, with Variables as leaves,
+    rebuilds the graph exactly (it is a tree of pytree Modules and containers whose
+    leaves are the graphdef's leaves, in order); else False."""
+    positions = _variable_positions(graphdef.root)
+    if positions is None or not _all_variables(values, positions):
+        return None if positions is not None else False
+    leaves, treedef = jax.tree_util.tree_flatten(result, is_leaf=_is_variable)
+    if len(leaves) != len(values) or not all(map(operator.is_, leaves, values)):
+        return False
+    return treedef, positions
+
+
+def _variable_positions(record: tuple) -> tuple[int, ...] | None:
+    """The leaf positions of Variables, or None if the records share or cycle."""
+    positions: list[int] = []
+    stack = [record]
+    while stack:
+        record = stack.pop()
+        tag = record[0]
+        if tag == VARIABLE:
+            positions.append(record[3])
+        elif tag == MODULE:
+            if record[4]:
+                return None
+            stack.extend(record[3])
+        elif tag in (LIST, TUPLE):
+            stack.extend(record[1])
+        elif tag == DICT:
+            stack.extend(record[2])
+        elif tag in (SHARED, OBJECT, PYTREE):
+            return None
+    return tuple(sorted(positions))
+
+
+def _is_variable(value: Any) -> bool:
+    return isinstance(value, Variable)
 
 
 def check_writable(obj: Any) -> None:
@@ -181,6 +244,7 @@ class Builder:
         existing = self.reuse.get(index)
         if existing is not None:
             check_writable(existing)
+            mutations.count += 1
             if isinstance(value, Variable):
                 value = value.value
             _set_variable(existing, ((value,), kind))
@@ -201,6 +265,7 @@ class Builder:
             _set_trace(obj, current_trace_token())
         else:
             check_writable(obj)
+            mutations.count += 1
             vars(obj).clear()
         self.objects[index] = obj
         for name, child in attributes:
@@ -219,6 +284,7 @@ class Builder:
             _set_trace(module, current_trace_token())
         else:
             check_writable(module)
+            mutations.count += 1
         self.objects[index] = module
         children = tuple(map(self.visit, records))
         attributes = module.__dict__

@@ -8,8 +8,9 @@ import jax
 
 from pytree_transforms._method import BindsAsMethod
 
-from ._boundary import Call, Inside, Lifted
+from ._boundary import Call, Inside, Reordered
 from ._graphdef import GraphDef
+from ._lift_cache import lift_cache
 
 
 class _GraphJit(BindsAsMethod):
@@ -20,7 +21,7 @@ class _GraphJit(BindsAsMethod):
         donate = jit_kwargs.pop("donate_argnums", ())
         self._donate = frozenset((donate,) if isinstance(donate, int) else donate)
 
-        def pure(graphdef: GraphDef, values: list[Any]) -> Any:
+        def pure(graphdef: GraphDef | Reordered, values: list[Any]) -> Any:
             inside = Inside(graphdef, values)
             return inside.outcome(call.run(inside.tree))
 
@@ -35,7 +36,7 @@ class _GraphJit(BindsAsMethod):
         functools.update_wrapper(self, fun, updated=())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        lifted = Lifted(self._call.tree(args, kwargs))
+        lifted = lift_cache.lift(self._call.tree(args, kwargs))
         if self._donate:
             split = self._call.split_path
             mask = tuple(split(path)[0] in self._donate for path in lifted.paths)
@@ -43,7 +44,7 @@ class _GraphJit(BindsAsMethod):
             kept = [v for v, d in zip(lifted.values, mask, strict=True) if not d]
             outcome, values = self._jitted_donating(lifted.graphdef, donated, kept, mask)
         else:
-            outcome, values = self._jitted(lifted.graphdef, lifted.values)
+            outcome, values = self._jitted(*lifted.jit_inputs())
         return lifted.apply(outcome, values)
 
 

@@ -5,29 +5,31 @@ from typing import Any
 
 from pytree_module import Module
 
+from ._boundary import Lifted
 from ._graphdef import GraphDef, build
+from ._lift_cache import lift_cache
 from ._refs import update_refs
 from ._state import Path, State, _partition
 from ._traverse import GraphWalk, show_path
 from ._variables import Variable
 
 
-def _flat_state(node: Any) -> tuple[GraphDef, dict[Path, Any]]:
-    """The graphdef of `node`, and `{path: leaf}` of its Variables and arrays."""
-    walk = GraphWalk()
-    graphdef = walk.graphdef(node)
-    if walk.paths and walk.paths[0] == ():
+def _lift(node: Any) -> Lifted:
+    """The graphdef, paths and leaves of `node` (a cached walk when it was seen before)."""
+    lifted = lift_cache.lift(node)
+    if lifted.paths and lifted.paths[0] == ():
         raise TypeError(
             f"Expected an object graph (a Module, or a list, dict or tuple holding "
             f"Modules, Variables or arrays), got a {type(node).__name__} on its own: a "
             "State needs a key for each leaf. Wrap it, e.g. `split([variable])`."
         )
-    return graphdef, dict(zip(walk.paths, walk.leaves, strict=True))
+    return lifted
 
 
-def _states(flat: dict[Path, Any], filters: tuple[Any, ...], exhaustive: bool) -> Any:
+def _states(lifted: Lifted, filters: tuple[Any, ...], exhaustive: bool) -> Any:
     if not filters:
-        return (State.from_flat_path(flat),)
+        return (State._of_flat(lifted.graphdef.paths, lifted.leaves),)
+    flat = dict(zip(lifted.paths, lifted.leaves, strict=True))
     parts = _partition(flat, filters, exhaustive)
     return tuple(State.from_flat_path(part) for part in parts[:-1])
 
@@ -64,8 +66,8 @@ def split(node: Any, *filters: Any) -> tuple[Any, ...]:
         >>> type(merge(graphdef, params, stats)).__name__
         'Norm'
     """
-    graphdef, flat = _flat_state(node)
-    return (graphdef, *_states(flat, filters, exhaustive=True))
+    lifted = _lift(node)
+    return (lifted.graphdef, *_states(lifted, filters, exhaustive=True))
 
 
 def state(node: Any, *filters: Any) -> Any:
@@ -89,8 +91,7 @@ def state(node: Any, *filters: Any) -> Any:
         >>> state(Linear()).to_pure_dict()["w"].tolist()
         [1.0, 1.0]
     """
-    _, flat = _flat_state(node)
-    states = _states(flat, filters, exhaustive=False)
+    states = _states(_lift(node), filters, exhaustive=False)
     return states[0] if len(states) == 1 else states
 
 
@@ -105,7 +106,7 @@ def graphdef(node: Any) -> GraphDef:
         >>> graphdef(Empty()) == graphdef(Empty())
         True
     """
-    return GraphWalk().graphdef(node)
+    return lift_cache.lift(node).graphdef
 
 
 def merge(graphdef: GraphDef, *states: Any, copy: bool = False) -> Any:
@@ -140,6 +141,11 @@ def merge(graphdef: GraphDef, *states: Any, copy: bool = False) -> Any:
             f"merge expects a GraphDef first (from `split`), got {type(graphdef).__name__}. "
             "Call it as `merge(graphdef, state, ...)`."
         )
+    if len(states) == 1 and isinstance(states[0], State):
+        flat_form = states[0]._flat_form()
+        if flat_form is not None and flat_form[0] is graphdef.paths:
+            # The State `split` made with this very graphdef: its leaves are in order.
+            return build(graphdef, flat_form[1], copy=copy)
     flat: dict[Path, Any] = {}
     for part in states:
         if not isinstance(part, Mapping):

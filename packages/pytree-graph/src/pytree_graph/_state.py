@@ -36,13 +36,44 @@ class State(MutableMapping):
         [('linear', 'b'), ('linear', 'w')]
     """
 
-    __slots__ = ("_mapping",)
+    # A State made by `split` keeps its leaves flat, `(paths, leaves)`, and nests them
+    # only when first read as a mapping: `merge` of that State reads the flat form,
+    # which makes `merge(*split(model))` cost no dictionary work at all.
+    __slots__ = ("_flat", "_nested")
 
     def __init__(self, mapping: Mapping[Any, Any] | None = None):
         items: dict[Any, Any] = {}
         for key, value in (mapping or {}).items():
             items[key] = State(value) if isinstance(value, Mapping) else value
-        object.__setattr__(self, "_mapping", items)
+        object.__setattr__(self, "_nested", items)
+        object.__setattr__(self, "_flat", None)
+
+    @classmethod
+    def _of_flat(cls, paths: tuple[Path, ...], leaves: list[Any]) -> "State":
+        """A State of `leaves` at `paths` (valid, distinct paths), nested when first read."""
+        state = object.__new__(cls)
+        object.__setattr__(state, "_nested", None)
+        object.__setattr__(state, "_flat", (paths, leaves))
+        return state
+
+    @property
+    def _mapping(self) -> dict[Any, Any]:
+        nested = self._nested
+        if nested is None:
+            paths, leaves = self._flat
+            nested = State.from_flat_path(dict(zip(paths, leaves, strict=True)))._nested
+            object.__setattr__(self, "_nested", nested)
+            object.__setattr__(self, "_flat", None)
+        return nested
+
+    def __reduce__(self) -> tuple:
+        # Rebuilt from its nested mapping (pickle, copy and deepcopy would otherwise set
+        # the slots through `__setattr__`, which sets keys).
+        return (State, (self._mapping,))
+
+    def _flat_form(self) -> tuple[tuple[Path, ...], list[Any]] | None:
+        """`(paths, leaves)` if this State was never nested, else None."""
+        return self._flat
 
     # ------------------------------------------------------------------ mapping protocol
 
@@ -65,9 +96,9 @@ class State(MutableMapping):
         return len(self._mapping)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
+        if name.startswith("__") or name in ("_nested", "_flat"):
             raise AttributeError(name)
-        mapping = object.__getattribute__(self, "_mapping")
+        mapping = self._mapping
         if name in mapping:
             return mapping[name]
         raise AttributeError(f"State has no key {name!r}; its keys: {list(mapping)}.")
@@ -84,6 +115,8 @@ class State(MutableMapping):
 
     def flat_state(self) -> dict[Path, Any]:
         """`{path: leaf}` for every Variable or array, paths being tuples of keys."""
+        if self._flat is not None:
+            return dict(zip(*self._flat, strict=True))
         flat: dict[Path, Any] = {}
         _flatten_into(self, (), flat)
         return flat
@@ -294,7 +327,8 @@ def _flatten(state: State) -> tuple[tuple[Any, ...], tuple]:
 
 def _unflatten(keys: tuple, children: Any) -> State:
     state = object.__new__(State)
-    object.__setattr__(state, "_mapping", dict(zip(keys, children, strict=True)))
+    object.__setattr__(state, "_nested", dict(zip(keys, children, strict=True)))
+    object.__setattr__(state, "_flat", None)
     return state
 
 

@@ -47,7 +47,7 @@ class GraphWalk:
         order: when `record_order`, `(path, value)` of every node and leaf, post-order.
     """
 
-    def __init__(self, record_shared: bool = False, record_order: bool = False):
+    def __init__(self, record_shared: bool = False, record_order: bool = False, checks: Any = None):
         self.leaves: list[Any] = []
         self.paths: list[Path] = []
         self.index: dict[int, int] = {}
@@ -59,6 +59,10 @@ class GraphWalk:
         self.early: set[int] = set()  # pytree Modules that merge must make before children
         self.shared_paths: dict[int, list[Path]] | None = {} if record_shared else None
         self.order: list[tuple[Path, Any]] | None = [] if record_order else None
+        # When set (a `_lift_cache.Checks`), told of every object and mutable container
+        # met, and of the array leaves met outside any object (`depth` 0).
+        self.checks = checks
+        self.depth = 0
 
     def graphdef(self, node: Any) -> GraphDef:
         """Walk `node` and return its `GraphDef`."""
@@ -92,19 +96,29 @@ class GraphWalk:
             if found is not None:
                 return (SHARED, found)
             i = self._new_index(value, path)
-            return (VARIABLE, value._pg_flat[1], i, self._leaf(value, path))
+            position = self._leaf(value, path)
+            if self.checks is not None:
+                self.checks.variable(value, i, position, self.depth)
+            return (VARIABLE, value._pg_flat[1], i, position)
         if isinstance(value, Module):
             return self._module(value, path)
         # Arrays are state; so are shape structs (pytree_module's array types include them),
         # so that `eval_shape` results split too.
         if isinstance(value, _ARRAY_TYPES):
-            return (LEAF, self._leaf(value, path))
+            position = self._leaf(value, path)
+            if self.checks is not None:
+                self.checks.array(position, self.depth)
+            return (LEAF, position)
         kind = type(value)
         if kind is list:
+            if self.checks is not None:
+                self.checks.container(value, self.depth)
             return (LIST, tuple(self.visit(v, (*path, i)) for i, v in enumerate(value)))
         if kind is tuple:
             return (TUPLE, tuple(self.visit(v, (*path, i)) for i, v in enumerate(value)))
         if kind is dict:
+            if self.checks is not None:
+                self.checks.container(value, self.depth)
             keys = tuple(value)
             return (DICT, keys, tuple(self.visit(value[k], (*path, k)) for k in keys))
         if value is None or kind in _PLAIN_STATICS:
@@ -130,6 +144,9 @@ class GraphWalk:
             return (SHARED, found)
         i = self._new_index(module, path)
         cls = type(module)
+        if self.checks is not None:
+            self.checks.module(module, i, self.depth)
+        self.depth += 1
         if cls.__module_pytree__:
             self.open[id(module)] = self.objects_entered
             children, entry = module._pm_flat
@@ -149,6 +166,7 @@ class GraphWalk:
                 tuple((name, self.visit(v, (*path, name))) for name, v in attributes),
             )
             self.objects_entered -= 1
+        self.depth -= 1
         if self.order is not None:
             self.order.append((path, module))
         return record
@@ -166,6 +184,9 @@ class GraphWalk:
                     "frozen dataclass)."
                 ) from None
             return (STATIC, value)
+        if self.checks is not None:
+            # Other pytree nodes may be mutable in ways no check can see cheaply.
+            self.checks.cacheable = False
         children = tuple(self.visit(leaf, (*path, *path_keys(p))) for p, leaf in keyed)
         return (PYTREE, treedef, children)
 

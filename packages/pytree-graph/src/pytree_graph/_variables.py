@@ -12,6 +12,7 @@ from pytree_module import TraceContextError, register_data_type
 
 # The trace token helpers are shared with pytree_module's own guard, so Modules and
 # Variables agree on what "the same trace" means.
+from pytree_module._module import mutations
 from pytree_module._trace import current_trace_token, same_trace
 
 
@@ -197,6 +198,7 @@ class Variable:
             _guard(self, f"set the metadata {name!r}")
             kind = self._pg_flat[1]
             _set_flat(self, (self._pg_flat[0], _kind(kind.cls, {**kind.metadata, name: value})))
+            mutations.count += 1
 
     def __delattr__(self, name: str) -> None:
         kind = self._pg_flat[1]
@@ -205,6 +207,7 @@ class Variable:
         _guard(self, f"delete the metadata {name!r}")
         metadata = {k: v for k, v in kind.metadata.items() if k != name}
         _set_flat(self, (self._pg_flat[0], _kind(kind.cls, metadata)))
+        mutations.count += 1
 
     def __getitem__(self, index: Any) -> Any:
         return self.value[index]

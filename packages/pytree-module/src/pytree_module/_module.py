@@ -205,6 +205,7 @@ class Module(metaclass=_ModuleMeta):
         cls = type(self)
         if id(self) not in _INITIALISING:
             _check_mutable(self, name, "delete")
+            mutations.count += 1
         object.__delattr__(self, name)
         if cls.__module_pytree__ and id(self) not in _INITIALISING:
             _relayout(self, {})
@@ -380,6 +381,24 @@ def _refuse_data_in_static(module: Module, name: str, value: Any) -> None:
         )
 
 
+class MutationCount:
+    """How many times an existing object's attributes changed, in this process.
+
+    Bumped by every assignment or deletion after `__init__` (and by pytree_graph when
+    it changes an object in place, or a Variable's metadata). Whatever is derived from
+    attributes, such as pytree_graph's cached walks of object graphs, stays valid while
+    the count is the same.
+    """
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+mutations = MutationCount()
+
+
 def _check_mutable(module: Module, name: str, action: str) -> None:
     cls = type(module)
     if cls.__module_frozen__:
@@ -406,6 +425,7 @@ def _trace_error(module: Module, name: str, action: str) -> TraceContextError:
 
 def _set_after_init(module: Module, name: str, value: Any) -> None:
     _check_mutable(module, name, "assign")
+    mutations.count += 1
     cls = type(module)
     if not cls.__module_pytree__ or _is_data_descriptor(cls, name):
         object.__setattr__(module, name, value.value if isinstance(value, StatusWrapper) else value)

@@ -1,0 +1,325 @@
+"""Reusing the walk of a call's objects: a repeat call costs a few C-level checks.
+
+Walking an object graph in Python costs about a microsecond per object, too much for
+every call of a jitted function. Between two calls with the same objects, though,
+usually only Variable values change. So a walk is kept, keyed by the identity of the
+objects at the top of the call (held weakly: the entry goes when one of them does), and
+reused when checks that read one slot per object find nothing changed:
+
+- every pytree Module's flattened form (`_pm_flat`) is the very tuple seen last time:
+  pytree_module makes a new one on every assignment, so the same tuple means the same
+  children and static attributes;
+- every `pytree=False` object has the same attribute names, bound to the same objects;
+- every list and dict below the top has the same keys and items (by identity);
+- every Variable has the same type and metadata (its kind).
+
+Then only the Variables' values, and the arrays at the top of the call, are read anew.
+Graphs holding other pytree nodes, whose mutability no such check can see, are walked
+every time.
+"""
+
+import weakref
+from operator import attrgetter, is_, itemgetter
+from typing import Any
+
+from pytree_module import Module
+from pytree_module._module import mutations
+from pytree_module._status import _ARRAY_TYPES
+
+from ._boundary import Lifted, Reordered
+from ._traverse import GraphWalk
+from ._variables import Variable
+
+_get_flat = attrgetter("_pm_flat")
+_get_variable_flat = attrgetter("_pg_flat")
+_first = itemgetter(0)
+_second = itemgetter(1)
+_ARRAY = object()  # marks an array at the top of a call in a cache key
+_STATIC_TYPES = frozenset({bool, int, float, complex, str, bytes, type(None)})
+_MAX_ENTRIES = 256
+
+
+class _Uncacheable(Exception):
+    """The top of the call holds something the cache key cannot describe."""
+
+
+def _key(value: Any, roots: list[Any], arrays: list[Any]) -> Any:
+    """The structure of the top of a call, down to its objects and arrays.
+
+    Objects are collected in `roots` and arrays in `arrays`, in the order the graph
+    walk meets them. (Written for speed: it runs on every call of a graph transform.)
+    """
+    kind = type(value)
+    if kind is dict:
+        parts: list[Any] = [dict, tuple(value)]
+        items = value.values()
+    elif kind is tuple or kind is list:
+        parts = [kind]
+        items = value
+    else:
+        return _key_of_item(value, roots, arrays)
+    append = parts.append
+    for item in items:
+        kind = type(item)
+        if kind in _array_types:
+            arrays.append(item)
+            append(_ARRAY)
+        elif isinstance(item, _GRAPH_NODES):
+            roots.append(item)
+            append(None)
+        elif kind in _STATIC_TYPES:
+            append((kind, item))
+        else:
+            append(_key(item, roots, arrays))
+    return tuple(parts)
+
+
+def _key_of_item(value: Any, roots: list[Any], arrays: list[Any]) -> Any:
+    kind = type(value)
+    if kind in _STATIC_TYPES:
+        return (kind, value)
+    if isinstance(value, _GRAPH_NODES):
+        roots.append(value)
+        return None
+    if isinstance(value, _ARRAY_TYPES):
+        _array_types.add(kind)  # its exact type, checked first next time
+        arrays.append(value)
+        return _ARRAY
+    raise _Uncacheable
+
+
+_GRAPH_NODES = (Module, Variable)
+_array_types: set[type] = set()
+
+
+class Checks:
+    """What a walk met, recorded so that a later call can check nothing changed.
+
+    The GraphWalk calls `variable`, `module`, `array` and `container` as it goes.
+    """
+
+    def __init__(self, roots: list[Any]):
+        self.cacheable = True
+        self.root_number = {id(r): n for n, r in reversed(list(enumerate(roots)))}
+        self.modules: list[Module] = []  # pytree Modules below the top, and their flats
+        self.flats: list[Any] = []
+        self.plain: list[tuple[Any, tuple, tuple]] = []  # pytree=False objects below
+        self.containers: list[tuple[Any, Any, tuple]] = []  # lists and dicts below
+        self.variables: list[Variable] = []  # Variables below the top, and their kinds
+        self.kinds: list[Any] = []
+        self.root_checks: list[tuple[int, Any]] = []  # (root number, what it held)
+        self.root_objects: list[tuple[int, int]] = []  # (root number, object index)
+        self.root_variables: list[tuple[int, int]] = []  # (root number, leaf position)
+        self.variable_positions: list[int] = []
+        self.top_arrays: list[int] = []  # leaf positions of the arrays at the top
+        self.inner_arrays: list[int] = []  # leaf positions of the other arrays
+
+    def _root(self, obj: Any, index: int, depth: int) -> int | None:
+        number = self.root_number.get(id(obj)) if depth == 0 else None
+        if number is not None:
+            self.root_objects.append((number, index))
+        return number
+
+    def variable(self, variable: Variable, index: int, position: int, depth: int) -> None:
+        number = self._root(variable, index, depth)
+        if number is None:
+            self.variables.append(variable)
+            self.kinds.append(variable._pg_flat[1])
+            self.variable_positions.append(position)
+        else:
+            self.root_checks.append((number, variable._pg_flat[1]))
+            self.root_variables.append((number, position))
+
+    def module(self, module: Module, index: int, depth: int) -> None:
+        if type(module).__module_pytree__:
+            held = module._pm_flat
+        else:
+            attributes = vars(module)
+            held = (tuple(attributes), tuple(attributes.values()))
+        number = self._root(module, index, depth)
+        if number is not None:
+            self.root_checks.append((number, held))
+        elif type(module).__module_pytree__:
+            self.modules.append(module)
+            self.flats.append(held)
+        else:
+            self.plain.append((module, *held))
+
+    def array(self, position: int, depth: int) -> None:
+        (self.inner_arrays if depth else self.top_arrays).append(position)
+
+    def container(self, container: Any, depth: int) -> None:
+        if depth:
+            keys = tuple(container) if type(container) is dict else None
+            values = tuple(container.values()) if keys is not None else tuple(container)
+            self.containers.append((container, keys, values))
+
+
+class _Entry:
+    """A cached walk, and how to make a `Lifted` of a new call from it."""
+
+    __slots__ = (
+        "__weakref__",
+        "checks",
+        "containers",
+        "epoch",
+        "graphdef",
+        "inner_arrays",
+        "objects_template",
+        "paths",
+        "refs",
+        "reordered",
+    )
+
+    def __init__(self, walk: GraphWalk, checks: Checks, roots: list[Any], graphdef: Any):
+        self.checks = checks
+        self.containers = checks.containers
+        self.epoch = mutations.count
+        self.graphdef = graphdef
+        self.paths = graphdef.paths
+        self.inner_arrays = [walk.leaves[p] for p in checks.inner_arrays]
+        # Leaves come from one list: Variables below the top, root Variables, arrays at
+        # the top, then the other arrays; `order` picks each leaf's place in it.
+        sources = [
+            checks.variable_positions,
+            [p for _, p in checks.root_variables],
+            checks.top_arrays,
+            checks.inner_arrays,
+        ]
+        order = [0] * len(walk.leaves)
+        for index, position in enumerate(p for source in sources for p in source):
+            order[position] = index
+        self.reordered = Reordered(graphdef, tuple(order))
+        objects = list(walk.objects)
+        for _, index in checks.root_objects:
+            objects[index] = None  # the roots are held weakly, by `refs`
+        self.objects_template = objects
+        self.refs: tuple = ()
+
+    def lifted(self, roots: list[Any], arrays: list[Any]) -> Lifted | None:
+        """A `Lifted` for a call with these roots and top arrays, or None if anything
+        changed since the walk."""
+        if [ref() for ref in self.refs] != roots:  # identity: Modules and Variables
+            return None
+        if self.epoch != mutations.count:
+            # Some object changed somewhere since the last check: were they ours?
+            if not self._unchanged(roots):
+                return None
+            self.epoch = mutations.count
+        for container, keys, values in self.containers:
+            # Lists and dicts change without telling anyone: always compare them.
+            if keys is None:
+                if len(container) != len(values) or not all(map(is_, container, values)):
+                    return None
+            elif tuple(container) != keys or not all(map(is_, container.values(), values)):
+                return None
+        return Lifted.of_source(self.graphdef, self.paths, _Source(self, roots, arrays))
+
+    def _unchanged(self, roots: list[Any]) -> bool:
+        checks = self.checks
+        for number, held in checks.root_checks:
+            root = roots[number]
+            if isinstance(root, Variable):
+                if root._pg_flat[1] is not held:
+                    return False
+            elif type(root).__module_pytree__:
+                if root._pm_flat is not held:
+                    return False
+            elif not _same_attributes(root, held):
+                return False
+        if not all(map(is_, map(_get_flat, checks.modules), checks.flats)):
+            return False
+        if not all(map(is_, map(_second, map(_get_variable_flat, checks.variables)), checks.kinds)):
+            return False
+        return all(_same_attributes(obj, (names, values)) for obj, names, values in checks.plain)
+
+
+class _Source:
+    """The leaves of one call, read through a cached walk (see `Lifted.of_source`)."""
+
+    __slots__ = ("arrays", "entry", "reordered", "root_variables", "roots", "value_source")
+
+    def __init__(self, entry: _Entry, roots: list[Any], arrays: list[Any]):
+        flats = list(map(_get_variable_flat, entry.checks.variables))
+        self.entry = entry
+        self.roots = roots
+        self.arrays = arrays
+        self.reordered = entry.reordered
+        self.root_variables = [roots[n] for n, _ in entry.checks.root_variables]
+        self.value_source = (
+            list(map(_first, map(_first, flats)))
+            + [v._pg_flat[0][0] for v in self.root_variables]
+            + arrays
+            + entry.inner_arrays
+        )
+
+    def values(self) -> list[Any]:
+        return list(map(self.value_source.__getitem__, self.reordered.order))
+
+    def leaves(self) -> list[Any]:
+        entry = self.entry
+        source = entry.checks.variables + self.root_variables + self.arrays + entry.inner_arrays
+        return list(map(source.__getitem__, self.reordered.order))
+
+    def objects(self) -> list[Any]:
+        objects = list(self.entry.objects_template)
+        for number, index in self.entry.checks.root_objects:
+            objects[index] = self.roots[number]
+        return objects
+
+
+def _same_attributes(obj: Any, held: tuple[tuple, tuple]) -> bool:
+    names, values = held
+    attributes = vars(obj)
+    return tuple(attributes) == names and all(map(is_, attributes.values(), values))
+
+
+class LiftCache:
+    """Makes `Lifted`s, reusing the walk of earlier calls with the same objects."""
+
+    def __init__(self) -> None:
+        self._entries: dict[Any, _Entry] = {}
+
+    def lift(self, tree: Any) -> Lifted:
+        """The `Lifted` of `tree` (the same as `Lifted(tree)`, faster on a repeat)."""
+        roots: list[Any] = []
+        arrays: list[Any] = []
+        try:
+            key = (_key(tree, roots, arrays), tuple(map(id, roots)))
+        except _Uncacheable:
+            return Lifted(tree)
+        entry = self._entries.get(key)
+        if entry is not None:
+            lifted = entry.lifted(roots, arrays)
+            if lifted is not None:
+                return lifted
+        return self._walk(key, tree, roots, arrays)
+
+    def _walk(self, key: Any, tree: Any, roots: list[Any], arrays: list[Any]) -> Lifted:
+        checks = Checks(roots)
+        walk = GraphWalk(checks=checks)
+        graphdef = walk.graphdef(tree)
+        if not checks.cacheable:
+            return Lifted.of_walk(walk, graphdef)
+        entry = _Entry(walk, checks, roots, graphdef)
+        self._store(key, entry, roots)
+        # Lifted from the entry, as the calls after this one will be: a jitted function
+        # then gets its inputs in the same form (and order) every time.
+        return Lifted.of_source(graphdef, graphdef.paths, _Source(entry, roots, arrays))
+
+    def _store(self, key: Any, entry: _Entry, roots: list[Any]) -> None:
+        entries = self._entries
+        entry_ref = weakref.ref(entry)
+
+        def forget(_: Any) -> None:
+            # A root is gone: its id may be reused, and the entry holds its children.
+            if entries.get(key) is entry_ref():
+                entries.pop(key, None)
+
+        entry.refs = tuple(weakref.ref(r, forget) for r in roots)
+        if len(entries) >= _MAX_ENTRIES:
+            entries.pop(next(iter(entries)))
+        entries[key] = entry
+
+
+lift_cache = LiftCache()
