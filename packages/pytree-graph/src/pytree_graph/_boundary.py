@@ -107,8 +107,12 @@ class Lifted:
     def jit_inputs(self) -> tuple[Any, list[Any]]:
         """`(static, dynamic)` arguments for a jitted function that calls `Inside`."""
         if self._source is not None:
-            return self._source.reordered, self._source.value_source
+            return self._source.jit_inputs()
         return self.graphdef, self.values
+
+    def lifted(self) -> "Lifted":
+        """This (as `_lift_cache` sources have a `lifted()` too)."""
+        return self
 
     def write_all(self, values: list[Any]) -> Any:
         """Give every Variable and array of the caller's graph its value from `values`
@@ -229,7 +233,11 @@ class Inside:
             out_record = after.out_record
             if out_record[0] == LEAF and out_record[1] == after.num_leaves:
                 # The common case, a single array out: nothing to rebuild outside.
-                outcome = Outcome(VALUES, changed=changed, out_is_leaf=True)
+                outcome = (
+                    _ONLY_AN_ARRAY
+                    if not changed
+                    else Outcome(VALUES, changed=changed, out_is_leaf=True)
+                )
             elif out_record == _NONE:
                 outcome = Outcome(VALUES, changed=changed)
             else:
@@ -402,6 +410,14 @@ class Outcome:
 
 
 jax.tree_util.register_pytree_node(Outcome, lambda o: ((), o), lambda o, _: o)
+
+# Nothing changed, and the output is one array: the caller returns it as it is.
+_ONLY_AN_ARRAY = Outcome(VALUES, out_is_leaf=True)
+
+
+def only_an_array(outcome: Outcome) -> bool:
+    """Whether an outcome needs no work outside: no change, one array out."""
+    return outcome is _ONLY_AN_ARRAY
 
 
 def holds_graph_nodes(value: Any) -> bool:

@@ -8,7 +8,7 @@ import jax
 
 from pytree_transforms._method import BindsAsMethod
 
-from ._boundary import Call, Inside, Reordered
+from ._boundary import _ONLY_AN_ARRAY, Call, Inside, Reordered
 from ._graphdef import GraphDef
 from ._lift_cache import lift_cache
 
@@ -36,15 +36,18 @@ class _GraphJit(BindsAsMethod):
         functools.update_wrapper(self, fun, updated=())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        lifted = lift_cache.lift(self._call.tree(args, kwargs))
-        if self._donate:
-            split = self._call.split_path
-            mask = tuple(split(path)[0] in self._donate for path in lifted.paths)
-            donated = [v for v, d in zip(lifted.values, mask, strict=True) if d]
-            kept = [v for v, d in zip(lifted.values, mask, strict=True) if not d]
-            outcome, values = self._jitted_donating(lifted.graphdef, donated, kept, mask)
-        else:
-            outcome, values = self._jitted(*lifted.jit_inputs())
+        found = lift_cache.find(self._call.tree(args, kwargs))
+        if not self._donate:
+            outcome, values = self._jitted(*found.jit_inputs())
+            if outcome is _ONLY_AN_ARRAY:  # the usual forward pass: nothing to write back
+                return values[0]
+            return found.lifted().apply(outcome, values)
+        lifted = found.lifted()
+        split = self._call.split_path
+        mask = tuple(split(path)[0] in self._donate for path in lifted.paths)
+        donated = [v for v, d in zip(lifted.values, mask, strict=True) if d]
+        kept = [v for v, d in zip(lifted.values, mask, strict=True) if not d]
+        outcome, values = self._jitted_donating(lifted.graphdef, donated, kept, mask)
         return lifted.apply(outcome, values)
 
 

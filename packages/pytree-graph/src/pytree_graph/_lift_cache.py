@@ -196,8 +196,8 @@ class _Entry:
         self.objects_template = objects
         self.refs: tuple = ()
 
-    def lifted(self, roots: list[Any], arrays: list[Any]) -> Lifted | None:
-        """A `Lifted` for a call with these roots and top arrays, or None if anything
+    def source(self, roots: list[Any], arrays: list[Any]) -> "_Source | None":
+        """The leaves of a call with these roots and top arrays, or None if anything
         changed since the walk."""
         if [ref() for ref in self.refs] != roots:  # identity: Modules and Variables
             return None
@@ -213,7 +213,7 @@ class _Entry:
                     return None
             elif tuple(container) != keys or not all(map(is_, container.values(), values)):
                 return None
-        return Lifted.of_source(self.graphdef, self.paths, _Source(self, roots, arrays))
+        return _Source(self, roots, arrays)
 
     def _unchanged(self, roots: list[Any]) -> bool:
         checks = self.checks
@@ -235,23 +235,38 @@ class _Entry:
 
 
 class _Source:
-    """The leaves of one call, read through a cached walk (see `Lifted.of_source`)."""
+    """The leaves of one call, read through a cached walk.
+
+    A jitted call only needs `jit_inputs()`; `lifted()` makes the full `Lifted`, which
+    computes the rest when asked (see `Lifted.of_source`).
+    """
 
     __slots__ = ("arrays", "entry", "reordered", "root_variables", "roots", "value_source")
 
     def __init__(self, entry: _Entry, roots: list[Any], arrays: list[Any]):
-        flats = list(map(_get_variable_flat, entry.checks.variables))
         self.entry = entry
         self.roots = roots
         self.arrays = arrays
         self.reordered = entry.reordered
-        self.root_variables = [roots[n] for n, _ in entry.checks.root_variables]
-        self.value_source = (
-            list(map(_first, map(_first, flats)))
-            + [v._pg_flat[0][0] for v in self.root_variables]
-            + arrays
-            + entry.inner_arrays
-        )
+        values = list(map(_first, map(_first, map(_get_variable_flat, entry.checks.variables))))
+        if entry.checks.root_variables:
+            self.root_variables = [roots[n] for n, _ in entry.checks.root_variables]
+            values += [v._pg_flat[0][0] for v in self.root_variables]
+        else:
+            self.root_variables = []
+        if arrays:
+            values += arrays
+        if entry.inner_arrays:
+            values += entry.inner_arrays
+        self.value_source = values
+
+    def jit_inputs(self) -> tuple[Any, list[Any]]:
+        """`(static, dynamic)` arguments for a jitted function that calls `Inside`."""
+        return self.reordered, self.value_source
+
+    def lifted(self) -> Lifted:
+        """The call's `Lifted`."""
+        return Lifted.of_source(self.entry.graphdef, self.entry.paths, self)
 
     def values(self) -> list[Any]:
         return list(map(self.value_source.__getitem__, self.reordered.order))
@@ -282,6 +297,11 @@ class LiftCache:
 
     def lift(self, tree: Any) -> Lifted:
         """The `Lifted` of `tree` (the same as `Lifted(tree)`, faster on a repeat)."""
+        return self.find(tree).lifted()
+
+    def find(self, tree: Any) -> "_Source | Lifted":
+        """What `lift` would give, as a `_Source` where a cached walk is used (less
+        work for a jitted call, which needs only `jit_inputs()`)."""
         roots: list[Any] = []
         arrays: list[Any] = []
         try:
@@ -290,12 +310,12 @@ class LiftCache:
             return Lifted(tree)
         entry = self._entries.get(key)
         if entry is not None:
-            lifted = entry.lifted(roots, arrays)
-            if lifted is not None:
-                return lifted
+            source = entry.source(roots, arrays)
+            if source is not None:
+                return source
         return self._walk(key, tree, roots, arrays)
 
-    def _walk(self, key: Any, tree: Any, roots: list[Any], arrays: list[Any]) -> Lifted:
+    def _walk(self, key: Any, tree: Any, roots: list[Any], arrays: list[Any]) -> Any:
         checks = Checks(roots)
         walk = GraphWalk(checks=checks)
         graphdef = walk.graphdef(tree)
@@ -305,7 +325,7 @@ class LiftCache:
         self._store(key, entry, roots)
         # Lifted from the entry, as the calls after this one will be: a jitted function
         # then gets its inputs in the same form (and order) every time.
-        return Lifted.of_source(graphdef, graphdef.paths, _Source(entry, roots, arrays))
+        return _Source(entry, roots, arrays)
 
     def _store(self, key: Any, entry: _Entry, roots: list[Any]) -> None:
         entries = self._entries
