@@ -253,9 +253,13 @@ def test_jit_static_values_and_donation():
     assert jnp.allclose(donating(model, jnp.ones(2)), model(jnp.ones(2)))
 
 
-def test_jit_error_on_a_non_callable():
+def test_jit_errors_on_a_non_callable_and_options_it_cannot_honour():
     with pytest.raises(TypeError, match="jit expects a function"):
         pg.jit(3)
+    with pytest.raises(TypeError, match="does not take `static_argnums`: every argument"):
+        pg.jit(lambda x: x, static_argnums=0)
+    with pytest.raises(TypeError, match="does not take `in_shardings`"):
+        pg.jit(in_shardings=None)
 
 
 # ------------------------------------------------------------------------ autodiff
@@ -602,3 +606,25 @@ def test_the_cache_does_not_keep_objects_alive():
     assert ref() is None
     # Entries go with their objects.
     assert all(r() is not None for e in lift_cache._entries.values() for r in e.refs)
+
+
+def test_seed_002_jit_preserves_shared_references():
+    class Shared(Module):
+        def __init__(self):
+            self.x = jnp.array(1.0)
+
+    class Parent(Module):
+        def __init__(self):
+            self.left = Shared()
+            self.right = self.left
+
+    m = Parent()
+    inside = []
+
+    @pg.jit
+    def f(m):
+        inside.append(m.left is m.right)
+        return m
+
+    out = f(m)
+    assert inside == [True] and out is m and out.left is out.right

@@ -92,8 +92,26 @@ def jit(fun: Callable[..., Any] | None = None, **jit_kwargs: Any) -> Any:
         >>> _ = step(model, jnp.ones(2)); int(model.count.value)
         2
     """
+    for option, why in _REFUSED_OPTIONS.items():
+        if option in jit_kwargs:
+            raise TypeError(f"pytree_graph.jit does not take `{option}`: {why}")
     if fun is None:
         return functools.partial(jit, **jit_kwargs)
     if not callable(fun):
         raise TypeError(f"jit expects a function, got {type(fun).__name__}: {fun!r}.")
     return _GraphJit(fun, jit_kwargs)
+
+
+# jax.jit options that name the arguments of the function it compiles: here that function
+# takes the call's structure and values, not the user's arguments.
+_REFUSED_OPTIONS = {
+    "static_argnums": "every argument that is not an array, Module or Variable is "
+    "static already (and arrays are always traced).",
+    "static_argnames": "every argument that is not an array, Module or Variable is "
+    "static already (and arrays are always traced).",
+    "donate_argnames": "donate by position with `donate_argnums`.",
+    "in_shardings": "place the arrays before the call (e.g. `jax.device_put` with "
+    "`get_named_sharding`); compiled code follows their shardings.",
+    "out_shardings": "constrain values inside the function with "
+    "`jax.lax.with_sharding_constraint`.",
+}
