@@ -42,3 +42,12 @@ def test_treescope_renders_modules():
     treescope = pytest.importorskip("treescope")
     html = treescope.render_to_text(Linear())
     assert "Linear" in html and "weight" in html and "features" in html
+
+
+def test_prng_keys_print_as_their_key_type():
+    import jax
+
+    from pytree_module import tree_pformat
+
+    assert tree_pformat(jax.random.key(0)) == "key<fry>[]"
+    assert tree_pformat({"k": jax.random.split(jax.random.key(0), 3)}) == "{'k': key<fry>[3]}"

@@ -78,7 +78,7 @@ class _GraphValueAndGrad(BindsAsMethod):
         aux = lifted.apply(outcome, out_values)
         by_position = dict(zip((p for p, s in enumerate(selected) if s), grads, strict=True))
         results = tuple(
-            self._gradient_of(lifted, k, graph_args[k], args[k], by_position) for k in argnums
+            self._gradient_of(lifted, k, graph_args[k], by_position) for k in argnums
         )
         gradient = results[0] if self._single else results
         return ((value, aux) if self._has_aux else value), gradient
@@ -109,7 +109,6 @@ class _GraphValueAndGrad(BindsAsMethod):
         lifted: Lifted,
         argument: int,
         is_graph: bool,
-        value: Any,
         by_position: dict[int, Any],
     ) -> Any:
         """The gradient for one argument: a State for one holding Modules, else its shape."""

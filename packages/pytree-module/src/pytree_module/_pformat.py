@@ -12,6 +12,10 @@ _ARRAYS = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
 def _short_array(x: Any) -> Any:
     """`f32[3,4]` for arrays and shape structs, with no library suffix."""
     if isinstance(x, _ARRAYS):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            # PRNG keys have no NumPy dtype: show `key<fry>[2]`.
+            shape = ",".join(map(str, np.shape(x)))
+            return wadler_lindig.TextDoc(f"{x.dtype}[{shape}]")
         return wadler_lindig.array_summary(np.shape(x), np.dtype(x.dtype).name, None)
     return None
 

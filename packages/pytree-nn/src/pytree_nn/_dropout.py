@@ -1,0 +1,87 @@
+"""`Dropout`."""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from pytree_module import data
+
+from ._module import Module
+from ._rngs import as_rngs
+
+
+class Dropout(Module):
+    """Randomly zero a fraction `rate` of the inputs in training, scaling the rest.
+
+    In training mode (the default; see `Module.train`/`eval`) each element is kept with
+    probability `1 - rate` and divided by it, so expectations are unchanged; in
+    evaluation mode (`deterministic=True`) the input passes through. Keys come from the
+    `Rngs` given at construction (kept by the layer, and advanced in place) or at the
+    call, from its `rng_collection` stream.
+
+    Arguments:
+        rate: the probability of dropping an element, in [0, 1].
+        broadcast_dims: axes along which the same mask is used (e.g. drop whole channels).
+        deterministic: start in evaluation mode.
+        rng_collection: the name of the `Rngs` stream to draw from.
+        rngs: an `Rngs`, a PRNG key or an int seed (or None: pass `rngs=` to each call).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn import Dropout, Rngs
+        >>> dropout = Dropout(0.5, rngs=Rngs(0))
+        >>> y = dropout(jnp.ones(1000))
+        >>> set(y.tolist()) == {0.0, 2.0}
+        True
+        >>> dropout.eval()(jnp.ones(3)).tolist()
+        [1.0, 1.0, 1.0]
+    """
+
+    def __init__(
+        self,
+        rate: float,
+        *,
+        broadcast_dims: tuple[int, ...] = (),
+        deterministic: bool = False,
+        rng_collection: str = "dropout",
+        rngs: Any = None,
+    ):
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
+            raise ValueError(f"Dropout: rate must be a number in [0, 1], got {rate!r}.")
+        self.rate = float(rate)
+        self.broadcast_dims = tuple(broadcast_dims)
+        self.deterministic = deterministic
+        self.rng_collection = rng_collection
+        self.rngs = data(None if rngs is None else as_rngs(rngs, "Dropout"))
+
+    def __call__(
+        self, x: jax.Array, *, deterministic: bool | None = None, rngs: Any = None
+    ) -> jax.Array:
+        """Apply dropout to `x`.
+
+        Arguments:
+            x: the input.
+            deterministic: override the layer's mode for this call.
+            rngs: keys for this call (an `Rngs`, key or seed) instead of the layer's.
+        """
+        if deterministic is None:
+            deterministic = self.deterministic
+        if deterministic or self.rate == 0.0:
+            return x
+        if self.rate == 1.0:
+            return jnp.zeros_like(x)
+        rngs = self.rngs if rngs is None else as_rngs(rngs, "Dropout")
+        if rngs is None:
+            raise ValueError(
+                "Dropout needs random keys in training mode: build it with rngs=..., pass "
+                "rngs=... to the call, or switch to evaluation mode with `.eval()` (or "
+                "deterministic=True)."
+            )
+        key = getattr(rngs, self.rng_collection)()
+        shape = list(jnp.shape(x))
+        for axis in self.broadcast_dims:
+            shape[axis] = 1
+        keep = 1.0 - self.rate
+        mask = jax.random.bernoulli(key, keep, tuple(shape))
+        return jnp.where(mask, x / keep, jnp.zeros_like(x))

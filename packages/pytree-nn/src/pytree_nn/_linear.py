@@ -1,0 +1,165 @@
+"""Dense layers: `Linear` and `MLP`."""
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from pytree_graph import Param
+
+from . import initializers
+from ._dtypes import promote_dtype
+from ._module import Module
+from ._rngs import as_rngs
+
+default_kernel_init = initializers.lecun_normal()
+
+
+def check_features(layer: str, **sizes: Any) -> None:
+    """Refuse sizes that are not positive ints, naming the argument."""
+    for name, size in sizes.items():
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"{layer}: {name} must be a positive int, got {size!r}.")
+
+
+def check_input(layer: str, x: Any, axis: int, expected: int, name: str) -> None:
+    """Refuse an input whose `axis` is not of size `expected`, naming the argument."""
+    shape = jnp.shape(x)
+    if not shape or shape[axis] != expected:
+        raise ValueError(
+            f"{layer} expects inputs whose last dimension is {name}={expected}, got an "
+            f"input of shape {shape}."
+        )
+
+
+class Linear(Module):
+    """A dense layer, `y = x @ kernel + bias`, over the last axis of any input.
+
+    Arguments:
+        in_features: size of the input's last axis.
+        out_features: size of the output's last axis.
+        use_bias: whether to add a bias.
+        dtype: the dtype to compute in (None: promote the input's and the parameters').
+        param_dtype: the dtype of the parameters.
+        precision: the matmul precision (`jax.lax.Precision`), or None.
+        kernel_init: initializer of the kernel, of shape `(in_features, out_features)`.
+        bias_init: initializer of the bias, of shape `(out_features,)`.
+        rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn import Linear
+        >>> layer = Linear(3, 4, rngs=0)
+        >>> layer(jnp.ones((2, 5, 3))).shape, layer.kernel.value.shape
+        ((2, 5, 4), (3, 4))
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        use_bias: bool = True,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        precision: Any = None,
+        kernel_init: initializers.Initializer = default_kernel_init,
+        bias_init: initializers.Initializer = initializers.zeros,
+        rngs: Any = None,
+    ):
+        check_features("Linear", in_features=in_features, out_features=out_features)
+        rngs = as_rngs(rngs, "Linear")
+        self.kernel = Param(kernel_init(rngs.params(), (in_features, out_features), param_dtype))
+        self.bias = (
+            Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias else None
+        )
+        self.in_features = in_features
+        self.out_features = out_features
+        self.use_bias = use_bias
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.precision = precision
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Apply the layer to `x`, of shape `(..., in_features)`."""
+        check_input("Linear", x, -1, self.in_features, "in_features")
+        bias = self.bias.value if self.bias is not None else None
+        x, kernel, bias = promote_dtype(x, self.kernel.value, bias, dtype=self.dtype)
+        y = jnp.matmul(x, kernel, precision=self.precision)
+        return y if bias is None else y + bias
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+class MLP(Module):
+    """A multi-layer perceptron, as Equinox's: `depth` hidden layers of `width_size`.
+
+    Arguments:
+        in_size: size of the input's last axis.
+        out_size: size of the output's last axis.
+        width_size: size of each hidden layer.
+        depth: the number of hidden layers (0: a single `Linear`).
+        activation: applied after each hidden layer.
+        final_activation: applied to the output.
+        use_bias: whether the hidden layers have biases.
+        use_final_bias: whether the last layer has one.
+        dtype: the dtype to compute in (None: promote).
+        param_dtype: the dtype of the parameters.
+        rngs: an `Rngs`, a PRNG key or an int seed.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn import MLP
+        >>> mlp = MLP(2, 1, width_size=8, depth=2, rngs=0)
+        >>> len(mlp.layers), mlp(jnp.ones((5, 2))).shape
+        (3, (5, 1))
+    """
+
+    def __init__(
+        self,
+        in_size: int,
+        out_size: int,
+        width_size: int,
+        depth: int,
+        activation: Callable[[jax.Array], jax.Array] = jax.nn.relu,
+        final_activation: Callable[[jax.Array], jax.Array] = _identity,
+        use_bias: bool = True,
+        use_final_bias: bool = True,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        *,
+        rngs: Any = None,
+    ):
+        check_features("MLP", in_size=in_size, out_size=out_size, width_size=width_size)
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+            raise ValueError(f"MLP: depth must be an int >= 0, got {depth!r}.")
+        rngs = as_rngs(rngs, "MLP")
+        sizes = [in_size] + [width_size] * depth + [out_size]
+        last = len(sizes) - 2
+        self.layers = tuple(
+            Linear(
+                din,
+                dout,
+                use_bias=use_final_bias if i == last else use_bias,
+                dtype=dtype,
+                param_dtype=param_dtype,
+                rngs=rngs,
+            )
+            for i, (din, dout) in enumerate(itertools.pairwise(sizes))
+        )
+        self.activation = activation
+        self.final_activation = final_activation
+        self.in_size = in_size
+        self.out_size = out_size
+        self.width_size = width_size
+        self.depth = depth
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Apply the network to `x`, of shape `(..., in_size)`."""
+        for layer in self.layers[:-1]:
+            x = self.activation(layer(x))
+        return self.final_activation(self.layers[-1](x))

@@ -1,0 +1,155 @@
+"""`Module`: pytree_module's Module with the conveniences of a neural-network library."""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+
+import pytree_graph
+import pytree_module
+from pytree_graph import Perturbation, Variable
+
+
+def _append(collected: tuple, value: Any) -> tuple:
+    return (*collected, value)
+
+
+class Module(pytree_module.Module):
+    """A Module for neural networks: pytree_module's `Module` with a few conveniences.
+
+    Everything of `pytree_module.Module` holds (instances are pytrees; NNX-style inferred
+    or Equinox-style declared fields; mutable unless `frozen=True`). Added here:
+    `sow` and `perturb` to record intermediate values and their gradients,
+    `train()`/`eval()` (and `set_attributes`) to switch dropout and batch norm between
+    training and evaluation, and `split`/`update` as methods. Modules start in training
+    mode.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_graph import Intermediate, pop
+        >>> from pytree_nn import Module
+        >>> class Double(Module):
+        ...     def __call__(self, x):
+        ...         self.sow(Intermediate, "seen", x)
+        ...         return 2 * x
+        >>> m = Double()
+        >>> _ = m(jnp.ones(2)); _ = m(jnp.zeros(2))
+        >>> len(pop(m, Intermediate)["seen"].value)  # one entry per call
+        2
+    """
+
+    def sow(
+        self,
+        variable_type: type[Variable],
+        name: str,
+        value: Any,
+        reduce_fn: Callable[[Any, Any], Any] = _append,
+        init_fn: Callable[[], Any] = tuple,
+    ) -> None:
+        """Record `value` in the Variable attribute `name` (made on first use).
+
+        The Variable holds `reduce_fn(previous, value)`, starting from `init_fn()`: by
+        default a tuple with one entry per call. Take the records out with
+        `pytree_graph.pop(model, variable_type)`.
+
+        Arguments:
+            variable_type: the Variable type to record in (e.g. `Intermediate`).
+            name: the attribute name.
+            value: the value to record.
+            reduce_fn: how to combine the records so far with `value`.
+            init_fn: the records before the first call.
+
+        Raises:
+            TypeError: `name` is an attribute that is not a Variable of that type.
+        """
+        if name in vars(self):
+            current = getattr(self, name)
+            if not isinstance(current, variable_type):
+                raise TypeError(
+                    f"sow: {type(self).__name__}.{name} holds a {type(current).__name__}, "
+                    f"not a Variable of type {variable_type.__name__}; sow under another "
+                    "name, or remove it first."
+                )
+            current.value = reduce_fn(current.value, value)
+        else:
+            setattr(self, name, variable_type(reduce_fn(init_fn(), value)))
+
+    def perturb(self, name: str, value: Any, variable_type: type[Variable] = Perturbation) -> Any:
+        """Add a zero perturbation to `value`, so that its gradient can be taken.
+
+        The first call makes the attribute `name`, a `Perturbation` of zeros shaped like
+        `value`; every call returns `value + perturbation`. Differentiating with respect
+        to the Perturbations (`pytree_graph.grad(..., wrt=Perturbation)`) then gives the
+        gradient of the loss with respect to the intermediate value.
+
+        Arguments:
+            name: the attribute name.
+            value: the intermediate value.
+            variable_type: the Variable type (default `Perturbation`).
+
+        Returns:
+            `value` plus the perturbation (numerically `value`).
+        """
+        if name not in vars(self):
+            setattr(self, name, variable_type(jnp.zeros_like(value)))
+        perturbation = getattr(self, name)
+        if not isinstance(perturbation, variable_type):
+            raise TypeError(
+                f"perturb: {type(self).__name__}.{name} holds a "
+                f"{type(perturbation).__name__}, not a Variable of type "
+                f"{variable_type.__name__}; perturb under another name."
+            )
+        return value + perturbation.value
+
+    def set_attributes(self, *, raise_if_not_found: bool = True, **attributes: Any) -> "Module":
+        """Set attributes on this Module and every Module in it that has them.
+
+        Arguments:
+            raise_if_not_found: raise if no Module has one of the attributes.
+            **attributes: the attributes to set, e.g. `deterministic=True`.
+
+        Returns:
+            This Module.
+        """
+        found = set()
+        for _, node in pytree_graph.iter_graph(self):
+            if isinstance(node, pytree_module.Module):
+                for name, value in attributes.items():
+                    if name in vars(node):
+                        setattr(node, name, value)
+                        found.add(name)
+        missing = sorted(set(attributes) - found)
+        if missing and raise_if_not_found:
+            raise ValueError(
+                f"set_attributes: no Module in this {type(self).__name__} has the "
+                f"attribute(s) {missing}. Pass raise_if_not_found=False to allow that."
+            )
+        return self
+
+    def train(self) -> "Module":
+        """Switch to training mode: dropout on, batch norm using batch statistics.
+
+        Returns:
+            This Module (changed in place).
+        """
+        return self.set_attributes(
+            deterministic=False, use_running_average=False, raise_if_not_found=False
+        )
+
+    def eval(self) -> "Module":
+        """Switch to evaluation mode: dropout off, batch norm using running statistics.
+
+        Returns:
+            This Module (changed in place).
+        """
+        return self.set_attributes(
+            deterministic=True, use_running_average=True, raise_if_not_found=False
+        )
+
+    def split(self, *filters: Any) -> tuple[Any, ...]:
+        """`pytree_graph.split(self, *filters)`."""
+        return pytree_graph.split(self, *filters)
+
+    def update(self, *states: Any) -> None:
+        """`pytree_graph.update(self, *states)`."""
+        pytree_graph.update(self, *states)
