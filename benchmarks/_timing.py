@@ -14,6 +14,10 @@ Method, in short:
 
 Ratios between cases of one `compare` call are the figures to read; absolute times depend on
 the machine.
+
+Built on these: `_cases.py` checks the implementations of a measurement against each other,
+times them and makes their rows; `_report.py` runs a benchmark's command line and writes the
+parts of its report that every benchmark shares.
 """
 
 from __future__ import annotations
@@ -77,14 +81,14 @@ class Timing:
         return self.number * self.repeat
 
 
-Case = Callable[[], Any] | tuple[str, Mapping[str, Any]]
+Timeable = Callable[[], Any] | tuple[str, Mapping[str, Any]]
 """A zero-argument callable, or ``(statement, globals)`` timed inline like `timeit` does.
 
 A statement avoids the cost of a Python call per iteration, for operations of tens of ns.
 """
 
 
-def _timer(case: Case) -> timeit.Timer:
+def _timer(case: Timeable) -> timeit.Timer:
     if callable(case):
         return timeit.Timer(case)
     stmt, namespace = case
@@ -102,7 +106,7 @@ def _calibrate(timer: timeit.Timer, settings: Settings) -> int:
     return max(settings.min_number, round(settings.repeat_s / max(per_call, 1e-9)))
 
 
-def compare(cases: Mapping[str, Case], settings: Settings) -> dict[str, Timing]:
+def compare(cases: Mapping[str, Timeable], settings: Settings) -> dict[str, Timing]:
     """Time each case with interleaved repeats; return the per-call `Timing` by name."""
     timers = {name: _timer(case) for name, case in cases.items()}
     for timer in timers.values():
@@ -129,7 +133,8 @@ def compare(cases: Mapping[str, Case], settings: Settings) -> dict[str, Timing]:
 class Row:
     """One line of a results table. ``ratio`` is against the baseline named in ``measurement``.
 
-    ``met`` is None when the row has no target.
+    ``met`` is None when the row has no target; ``absolute`` says that its target is on the
+    time itself, not on the ratio (so a miss is reported as a time).
     """
 
     measurement: str
@@ -139,6 +144,7 @@ class Row:
     target: str = ""
     met: bool | None = None
     note: str = ""
+    absolute: bool = False
 
 
 HEADER = ("measurement", "implementation", "time (us)", "ratio", "target", "met?")

@@ -38,21 +38,12 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import (
-    Row,
-    Settings,
-    compare,
-    dist_version,
-    machine_lines,
-    markdown_table,
-    parse_options,
-    sync_cpu_dispatch,
-)
+from _cases import Runner, Target, mlp_arrays, named_rows
+from _report import Invocation, log, report_head, run_script, target_lines
+from _timing import Settings
 
 import pytree_filter
 import pytree_module
@@ -66,7 +57,6 @@ except ImportError:
 DEPTH = 32
 WIDTH = 32
 ACTIVATION = "relu"
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "filter.md"
 
 CONTAINERS = "nested containers"
 MODULE = "pytree_module MLP"
@@ -79,7 +69,7 @@ OURS_C = "pytree_filter.combine"
 EQX_C = "eqx.combine"
 MISSING = {EQX: "equinox not installed", EQX_C: "equinox not installed"}
 
-TARGET = ("<= 0.25x eqx.partition", 0.25)
+TARGET = Target("<= 0.25x eqx.partition", 0.25)
 
 
 # --------------------------------------------------------------------------- the models
@@ -93,16 +83,6 @@ class Linear(Module):
 
 class MLP(Module):
     layers: list[Linear]
-
-
-def make_arrays() -> tuple[list[jax.Array], list[jax.Array]]:
-    rng = np.random.default_rng(0)
-    weights = [
-        jnp.asarray(rng.standard_normal((WIDTH, WIDTH), dtype=np.float32) / WIDTH**0.5)
-        for _ in range(DEPTH)
-    ]
-    biases = [jnp.asarray(rng.standard_normal(WIDTH, dtype=np.float32)) for _ in range(DEPTH)]
-    return weights, biases
 
 
 def make_trees(weights: list[jax.Array], biases: list[jax.Array]) -> dict[str, Any]:
@@ -144,7 +124,7 @@ def check_trees(trees: dict[str, Any], weights: list[jax.Array]) -> None:
 
 # ----------------------------------------------------------------------------- measures
 
-# Statements timed inline (see `_timing.Case`): no extra Python call around what is measured.
+# Statements timed inline (see `_timing.Timeable`): no extra Python call around what is measured.
 FLOOR_STMT = """\
 leaves, treedef = flatten(tree)
 [x if is_array(x) else None for x in leaves]"""
@@ -197,46 +177,11 @@ def piece_cases(tree: Any) -> dict[str, Any]:
     }
 
 
-def _rows(
-    measurement: str,
-    names: list[str],
-    timings: dict,
-    baseline: str,
-    targets: dict[str, tuple[str, float]] | None = None,
-    notes: dict[str, str] | None = None,
-) -> list[Row]:
-    """Rows for one measurement; ratios against ``baseline``; missing libraries noted."""
-    targets = targets or {}
-    notes = notes or {}
-    base = timings.get(baseline)
-    rows = []
-    for name in names:
-        if name not in timings:
-            rows.append(Row(measurement, name, None, note=MISSING.get(name, "not run")))
-            continue
-        t = timings[name].median
-        ratio = t / base.median if base is not None else None
-        target, limit = targets.get(name, ("", None))
-        met = None if limit is None or ratio is None else ratio <= limit
-        note = notes.get(name, "")
-        if limit is not None and ratio is None:
-            note = f"no baseline: {MISSING.get(baseline, baseline + ' missing')}"
-        rows.append(Row(measurement, name, t * 1e6, ratio, target or "—", met, note))
-    return rows
-
-
-def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict[str, Any]]:
-    weights, biases = make_arrays()
+def run(settings: Settings, log: Callable[[str], None]) -> Runner:
+    weights, biases = mlp_arrays(DEPTH, WIDTH)
     trees = make_trees(weights, biases)
     check_trees(trees, weights)
-    rows: list[Row] = []
-    all_timings: dict[str, Any] = {}
-
-    def measure(label: str, cases: dict[str, Any]) -> dict:
-        log(f"timing {label} ...")
-        timings = compare(cases, settings)
-        all_timings.update({f"{label} / {k}": v for k, v in timings.items()})
-        return timings
+    runner = Runner(settings, log)
 
     # (1), (2) partition by is_array, each form; ratio vs Equinox.
     notes = {
@@ -245,12 +190,12 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
     }
     for form in (CONTAINERS, MODULE):
         label = f"`partition(tree, is_array)`, {form} (ratio vs Equinox)"
-        timings = measure(label, partition_cases(trees[form]))
+        timings = runner.time(label, partition_cases(trees[form]))
         names = [OURS, EQX, FLOOR, FLOOR_2]
         # The target is for a generic pytree. A Module MLP is reported without one: there,
         # the two unflatten calls alone (33 Python objects each) cost about 0.3x eqx.partition.
         targets = {OURS: TARGET} if form == CONTAINERS else None
-        rows += _rows(label, names, timings, EQX, targets, notes)
+        runner.rows += named_rows(label, names, timings, EQX, MISSING, targets, notes)
 
     # (3) combine(*parts) on the nested containers; ratio vs Equinox. No target.
     label = f"`combine(*parts)`, {CONTAINERS} (ratio vs Equinox)"
@@ -259,16 +204,16 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
     cases: dict[str, Any] = {OURS_C: ("combine(*parts)", ns)}
     if eqx is not None:
         cases[EQX_C] = ("eqx.combine(*parts)", ns)
-    timings = measure(label, cases)
-    rows += _rows(label, [OURS_C, EQX_C], timings, EQX_C)
+    timings = runner.time(label, cases)
+    runner.rows += named_rows(label, [OURS_C, EQX_C], timings, EQX_C, MISSING)
 
     # (4), (5) the pieces of a partition, each form; ratio vs our partition. No target.
     for form in (CONTAINERS, MODULE):
         label = f"pieces of `partition`, {form} (ratio vs pytree_filter.partition)"
         cases = piece_cases(trees[form])
-        timings = measure(label, cases)
-        rows += _rows(label, list(cases), timings, OURS)
-    return rows, all_timings
+        timings = runner.time(label, cases)
+        runner.rows += named_rows(label, list(cases), timings, OURS, MISSING)
+    return runner
 
 
 # ------------------------------------------------------------------------------- report
@@ -288,74 +233,38 @@ def _overheads(timings: dict) -> list[str]:
     return lines
 
 
-def report(rows: list[Row], timings: dict, header: list[str], settings: Settings, argv: str) -> str:
-    widest = max(timings, key=lambda k: (timings[k].q3 - timings[k].q1) / timings[k].median)
-    spread = (timings[widest].q3 - timings[widest].q1) / timings[widest].median
-    fewest = min(t.calls for t in timings.values())
-    missed = [r for r in rows if r.met is False]
-    lines = [
-        "# pytree_filter: partition and combine vs Equinox and a bare flatten",
-        "",
+def report(runner: Runner, invocation: Invocation) -> str:
+    description = (
         f"A {DEPTH}-layer MLP of width {WIDTH} (float32): per layer a weight, a bias and the "
         f'activation name "{ACTIVATION}". As {CONTAINERS} (a dict of a list of dicts; '
         f"{3 * DEPTH} leaves, the strings included) and as a {MODULE} (a list of `Linear` "
-        f"modules with a static `activation`; {2 * DEPTH} leaves), from the very same arrays.",
-        "",
-        *header,
-        f"- Command: `{argv}`",
-        f"- Each time is the median per-call time over {settings.repeat} repeats; each repeat "
-        f"times a loop of N calls, N set so that a loop lasts about {settings.repeat_s * 1e3:g} "
-        f"ms (at least {fewest} calls per case in all). Repeats of the cases of one measurement "
-        "are interleaved, in a rotating order.",
-        "",
-        "These figures come from one run on the machine stated above. Absolute times vary "
-        "between machines and runs; the ratios within one measurement are the figures to "
-        "compare. Targets are those of the performance contract (see docs/benchmarks.md).",
-        "",
-        markdown_table(rows),
-        "",
-        f"Largest interquartile range of any row: {spread:.1%} of its median ({widest}).",
-        "",
+        f"modules with a static `activation`; {2 * DEPTH} leaves), from the very same arrays."
+    )
+    title = "pytree_filter: partition and combine vs Equinox and a bare flatten"
+    lines = report_head(invocation, title, description, runner.rows, runner.timings)
+    lines += [
         "`pytree_filter.partition` against the floor with its two unflatten calls:",
         "",
-        *_overheads(timings),
+        *_overheads(runner.timings),
         "",
-        "Targets missed:" + ("\n" if missed else " none."),
-        *(f"- {r.implementation}, {r.measurement}: {r.ratio:.3f}x ({r.target})" for r in missed),
+        *target_lines(runner.rows),
     ]
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    out, settings, quick = parse_options(
-        argv, __doc__.split("\n")[0], DEFAULT_OUT, "short smoke run (a few seconds)"
-    )
+def benchmark(invocation: Invocation) -> str:
+    """Run every measurement; return the report."""
+    return report(run(invocation.settings, log), invocation)
 
-    sync_cpu_dispatch()
+
+def main(argv: list[str] | None = None) -> int:
     versions = {
-        "jax": jax.__version__,
-        "jaxlib": dist_version("jaxlib"),
         "pytree_filter": pytree_filter.__version__,
         "pytree_module": pytree_module.__version__,
         "equinox": eqx.__version__ if eqx is not None else None,
-        "numpy": np.__version__,
     }
-    header = machine_lines(versions)
-    if quick:
-        header.append("- Quick smoke run (`--quick`): few repeats, not for quoting.")
-
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    rows, timings = run(settings, log)
-    command = "python benchmarks/bench_filter.py" + (" --quick" if quick else "")
-    text = report(rows, timings, header, settings, command)
-    print(text)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
-        log(f"wrote {out}")
-    return 0
+    quick_help = "short smoke run (a few seconds)"
+    return run_script(argv, __file__, __doc__, quick_help, versions, benchmark)
 
 
 if __name__ == "__main__":

@@ -36,16 +36,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import (
-    Row,
-    Settings,
-    compare,
-    dist_version,
-    machine_lines,
-    markdown_table,
-    parse_options,
-    sync_cpu_dispatch,
-)
+from _cases import Runner, Target, mlp_arrays, named_rows
+from _report import Invocation, log, report_head, run_script, target_lines
+from _timing import Settings, dist_version
 
 import pytree_module
 from pytree_module import Module, field
@@ -61,7 +54,6 @@ except ImportError:
 
 DEPTH = 32
 WIDTH = 32
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "module.md"
 
 DICT = "dict of arrays"
 OURS = "pytree_module, NNX style"
@@ -143,16 +135,6 @@ if nnx is not None:
             self.layers = getattr(nnx, "List", list)(layers)
 
 
-def make_arrays() -> tuple[list[jax.Array], list[jax.Array]]:
-    rng = np.random.default_rng(0)
-    weights = [
-        jnp.asarray(rng.standard_normal((WIDTH, WIDTH), dtype=np.float32) / WIDTH**0.5)
-        for _ in range(DEPTH)
-    ]
-    biases = [jnp.asarray(rng.standard_normal(WIDTH, dtype=np.float32)) for _ in range(DEPTH)]
-    return weights, biases
-
-
 def builders(weights: list[jax.Array], biases: list[jax.Array]) -> dict[str, Callable[[], Any]]:
     """Zero-argument functions building the whole MLP in each form from the shared arrays."""
     pairs = list(zip(weights, biases, strict=True))
@@ -199,56 +181,20 @@ def _trivial(tree: Any, x: jax.Array) -> jax.Array:
     return x + 1
 
 
-def _rows(
-    measurement: str,
-    names: list[str],
-    timings: dict,
-    baseline: str,
-    targets: dict[str, tuple[str, float]] | None = None,
-    notes: dict[str, str] | None = None,
-) -> list[Row]:
-    """Rows for one measurement; ratios against ``baseline``; missing libraries noted."""
-    targets = targets or {}
-    notes = notes or {}
-    base = timings.get(baseline)
-    rows = []
-    for name in names:
-        impl = name.split(": ")[0]
-        if name not in timings:
-            rows.append(Row(measurement, name, None, note=MISSING.get(impl, "not run")))
-            continue
-        t = timings[name].median
-        ratio = t / base.median if base is not None and name != LOOP else None
-        target, limit = targets.get(name, ("", None))
-        met = None if limit is None or ratio is None else ratio <= limit
-        note = notes.get(name, "")
-        if limit is not None and ratio is None:
-            note = f"no baseline: {MISSING.get(baseline, baseline + ' missing')}"
-        rows.append(Row(measurement, name, t * 1e6, ratio, target or "—", met, note))
-    return rows
-
-
-def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict[str, Any]]:
-    weights, biases = make_arrays()
+def run(settings: Settings, log: Callable[[str], None]) -> Runner:
+    weights, biases = mlp_arrays(DEPTH, WIDTH)
     build = builders(weights, biases)
     models = {name: make() for name, make in build.items()}
     check_models(models, weights)
     trees = {k: v for k, v in models.items() if k != PLAIN}
     order = [DICT, OURS, OURS_F, EQX, NNX]
-    rows: list[Row] = []
-    all_timings: dict[str, Any] = {}
-
-    def measure(label: str, cases: dict[str, Any]) -> dict:
-        log(f"timing {label} ...")
-        timings = compare(cases, settings)
-        all_timings.update({f"{label} / {k}": v for k, v in timings.items()})
-        return timings
+    runner = Runner(settings, log)
 
     # (1) flatten: ratio vs dict, target ours <= 2x.
     label = "`jax.tree.flatten` (ratio vs dict)"
-    timings = measure(label, {n: partial(jax.tree.flatten, t) for n, t in trees.items()})
-    targets = dict.fromkeys((OURS, OURS_F), ("<= 2x dict", 2.0))
-    rows += _rows(label, order, timings, DICT, targets)
+    timings = runner.time(label, {n: partial(jax.tree.flatten, t) for n, t in trees.items()})
+    targets = dict.fromkeys((OURS, OURS_F), Target("<= 2x dict", 2.0))
+    runner.rows += named_rows(label, order, timings, DICT, MISSING, targets)
 
     # (2) unflatten: ratio vs Equinox, target ours <= 0.75x.
     label = "`jax.tree.unflatten` (ratio vs Equinox)"
@@ -257,9 +203,9 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
         rebuilt = jax.tree.unflatten(treedef, leaves)
         assert type(rebuilt) is type(trees[name]), name
     cases = {n: partial(jax.tree.unflatten, td, leaves) for n, (leaves, td) in flat.items()}
-    timings = measure(label, cases)
-    targets = dict.fromkeys((OURS, OURS_F), ("<= 0.75x Equinox", 0.75))
-    rows += _rows(label, order, timings, EQX, targets)
+    timings = runner.time(label, cases)
+    targets = dict.fromkeys((OURS, OURS_F), Target("<= 0.75x Equinox", 0.75))
+    runner.rows += named_rows(label, order, timings, EQX, MISSING, targets)
 
     # (3) jit dispatch: per-call time of jax.jit(f)(tree, x); ratio vs dict, target ours <= 1.2x.
     label = "`jax.jit(f)(tree, x)` per call, f trivial (ratio vs dict)"
@@ -272,11 +218,11 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
         calls[NNX + ": nnx.jit"] = partial(nnx.jit(_trivial), trees[NNX], x)
     for name, call in calls.items():
         np.testing.assert_array_equal(np.asarray(call()), expected, err_msg=name)
-    timings = measure(label, calls)
-    targets = dict.fromkeys((OURS, OURS_F), ("<= 1.2x dict", 1.2))
+    timings = runner.time(label, calls)
+    targets = dict.fromkeys((OURS, OURS_F), Target("<= 1.2x dict", 1.2))
     notes = {EQX + ": eqx.filter_jit": "reference", NNX + ": nnx.jit": "reference"}
     names = [*order, EQX + ": eqx.filter_jit", NNX + ": nnx.jit"]
-    rows += _rows(label, names, timings, DICT, targets, notes)
+    runner.rows += named_rows(label, names, timings, DICT, MISSING, targets, notes)
 
     # (4) attribute access m.layers[3].weight; ratio vs a plain dataclass. No target.
     label = "`m.layers[3].weight` (ratio vs dataclass)"
@@ -293,7 +239,7 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
     if nnx is not None:
         cases[NNX] = (stmt, {"m": models[NNX]})
         cases[NNX + ": .weight[...]"] = (stmt + "[...]", {"m": models[NNX]})
-    timings = measure(label, cases)
+    timings = runner.time(label, cases)
     notes = {
         LOOP: "reference: included in every row",
         DICT + ': d["layers_3_weight"]': "reference",
@@ -310,81 +256,44 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
         NNX,
         NNX + ": .weight[...]",
     ]
-    rows += _rows(label, names, timings, PLAIN, notes=notes)
+    runner.rows += named_rows(label, names, timings, PLAIN, MISSING, notes=notes, no_ratio=[LOOP])
 
     # (5) construction of the whole MLP from the arrays; ratio vs Equinox. No target.
     label = "build the whole MLP (ratio vs Equinox)"
-    timings = measure(label, build)
+    timings = runner.time(label, build)
     names = [DICT, PLAIN, OURS, OURS_F, EQX, NNX]
-    rows += _rows(label, names, timings, EQX, notes={DICT: "reference", PLAIN: "reference"})
-    return rows, all_timings
+    notes = {DICT: "reference", PLAIN: "reference"}
+    runner.rows += named_rows(label, names, timings, EQX, MISSING, notes=notes)
+    return runner
 
 
 # ------------------------------------------------------------------------------- report
 
 
-def report(rows: list[Row], timings: dict, header: list[str], settings: Settings, argv: str) -> str:
-    widest = max(timings, key=lambda k: (timings[k].q3 - timings[k].q1) / timings[k].median)
-    spread = (timings[widest].q3 - timings[widest].q1) / timings[widest].median
-    fewest = min(t.calls for t in timings.values())
-    missed = [r for r in rows if r.met is False]
-    lines = [
-        "# pytree_module: Module vs dict of arrays, Equinox and Flax NNX",
-        "",
+def report(runner: Runner, invocation: Invocation) -> str:
+    description = (
         f"A {DEPTH}-layer MLP of width {WIDTH} (float32; {2 * DEPTH} arrays), the very same "
-        "arrays in each form.",
-        "",
-        *header,
-        f"- Command: `{argv}`",
-        f"- Each time is the median per-call time over {settings.repeat} repeats; each repeat "
-        f"times a loop of N calls, N set so that a loop lasts about {settings.repeat_s * 1e3:g} "
-        f"ms (at least {fewest} calls per case in all). Repeats of the cases of one measurement "
-        "are interleaved, in a rotating order.",
-        "",
-        "These figures come from one run on the machine stated above. Absolute times vary "
-        "between machines and runs; the ratios within one measurement are the figures to "
-        "compare. Targets are those of the performance contract (see docs/benchmarks.md).",
-        "",
-        markdown_table(rows),
-        "",
-        f"Largest interquartile range of any row: {spread:.1%} of its median ({widest}).",
-        "",
-        "Targets missed:" + ("" if missed else " none."),
-        *(f"- {r.implementation}, {r.measurement}: {r.ratio:.3f}x ({r.target})" for r in missed),
-    ]
+        "arrays in each form."
+    )
+    title = "pytree_module: Module vs dict of arrays, Equinox and Flax NNX"
+    lines = report_head(invocation, title, description, runner.rows, runner.timings)
+    lines += target_lines(runner.rows)
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    out, settings, quick = parse_options(
-        argv, __doc__.split("\n")[0], DEFAULT_OUT, "short smoke run (a few seconds)"
-    )
+def benchmark(invocation: Invocation) -> str:
+    """Run every measurement; return the report."""
+    return report(run(invocation.settings, log), invocation)
 
-    sync_cpu_dispatch()
+
+def main(argv: list[str] | None = None) -> int:
     versions = {
-        "jax": jax.__version__,
-        "jaxlib": dist_version("jaxlib"),
         "pytree_module": pytree_module.__version__,
         "equinox": eqx.__version__ if eqx is not None else None,
         "flax": dist_version("flax") if nnx is not None else None,
-        "numpy": np.__version__,
     }
-    header = machine_lines(versions)
-    if quick:
-        header.append("- Quick smoke run (`--quick`): few repeats, not for quoting.")
-
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    rows, timings = run(settings, log)
-    command = "python benchmarks/bench_module.py" + (" --quick" if quick else "")
-    text = report(rows, timings, header, settings, command)
-    print(text)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
-        log(f"wrote {out}")
-    return 0
+    quick_help = "short smoke run (a few seconds)"
+    return run_script(argv, __file__, __doc__, quick_help, versions, benchmark)
 
 
 if __name__ == "__main__":

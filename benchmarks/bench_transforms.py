@@ -59,16 +59,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import (
-    Row,
-    Settings,
-    compare,
-    dist_version,
-    machine_lines,
-    markdown_table,
-    parse_options,
-    sync_cpu_dispatch,
-)
+from _cases import Case, Runner, Target, built_case, check_cases, mlp_arrays
+from _report import Invocation, log, overhead_section, report_head, run_script, target_lines
+from _timing import Settings
 
 import pytree_module
 import pytree_transforms
@@ -84,14 +77,13 @@ SHALLOW = 2
 WIDTH = 32
 BATCH = 8
 ACTIVATION = jax.nn.relu
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "transforms.md"
 
 NNX_STYLE = "NNX style"
 EQX_STYLE = "Equinox style"
 STYLES = (NNX_STYLE, EQX_STYLE)
 
-FILTER_JIT_TARGET = ("<= 1.25x jax.jit on a dict", 1.25)
-DIRECT_JIT_TARGET = ("<= 1.2x jax.jit on a dict", 1.2)
+FILTER_JIT_TARGET = Target("<= 1.25x jax.jit on a dict", 1.25)
+DIRECT_JIT_TARGET = Target("<= 1.2x jax.jit on a dict", 1.2)
 ASYNC_TARGET = "returns before its result is ready"
 # "Well before": a call must return in at most this fraction of the time its result takes.
 ASYNC_FRACTION = 0.1
@@ -209,12 +201,7 @@ class Models:
 
 
 def make_models(depth: int, seed: int = 0) -> Models:
-    rng = np.random.default_rng(seed)
-    weights = [
-        jnp.asarray(rng.standard_normal((WIDTH, WIDTH), dtype=np.float32) / WIDTH**0.5)
-        for _ in range(depth)
-    ]
-    biases = [jnp.asarray(rng.standard_normal(WIDTH, dtype=np.float32)) for _ in range(depth)]
+    weights, biases = mlp_arrays(depth, WIDTH, seed)
     pairs = list(zip(weights, biases, strict=True))
     params = {}
     for (kw, kb), (w, b) in zip(_keys(depth), pairs, strict=True):
@@ -259,96 +246,6 @@ def _canonical(out: Any) -> list[Any]:
 
 
 # ----------------------------------------------------------------------------- measures
-
-
-@dataclasses.dataclass
-class Case:
-    """One implementation of a measurement: its label and the zero-argument call to time.
-
-    ``call`` is None when it cannot run (``why`` says so). ``check`` says whether the result
-    must equal the baseline's.
-    """
-
-    name: str
-    call: Callable[[], Any] | None
-    why: str = ""
-    note: str = ""
-    target: tuple[str, float] | None = None
-    check: bool = True
-    expect_error: str = ""
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    text = text.replace("|", "/")
-    return f"{type(error).__name__}: {text[:90]}"
-
-
-def _run_cases(cases: list[Case], log: Callable[[str], None]) -> dict[str, str]:
-    """Call each case once (compiling it) and compare with the first; return the failures."""
-    failures: dict[str, str] = {}
-    expected = None
-    for case in cases:
-        if case.call is None:
-            failures[case.name] = case.why
-            continue
-        try:
-            result = jax.block_until_ready(case.call())
-        except Exception as error:
-            failures[case.name] = case.expect_error or f"failed: {_first_line(error)}"
-            if not case.expect_error:
-                log(f"  {case.name}: {_first_line(error)}")
-            continue
-        if case.expect_error:
-            failures[case.name] = "expected an error, got none"
-            continue
-        if not case.check:
-            continue
-        got = [np.asarray(a) for a in _canonical(result)]
-        if expected is None:
-            expected = got
-        elif len(got) != len(expected) or not all(
-            a.shape == b.shape and np.allclose(a, b, rtol=1e-5, atol=1e-5)
-            for a, b in zip(got, expected, strict=False)
-        ):
-            failures[case.name] = "wrong result"
-            log(f"  {case.name}: wrong result")
-    return failures
-
-
-def _rows(measurement: str, cases: list[Case], timings: dict, failures: dict) -> list[Row]:
-    """Rows for one measurement; the first case is the baseline of the ratios."""
-    base = timings.get(cases[0].name)
-    rows = []
-    for case in cases:
-        label, limit = case.target or ("—", None)
-        if case.name not in timings:
-            note = failures.get(case.name, "not run")
-            rows.append(Row(measurement, case.name, None, target=label, note=note))
-            continue
-        t = timings[case.name].median
-        ratio = t / base.median if base is not None else None
-        met = None if limit is None or ratio is None else ratio <= limit
-        rows.append(Row(measurement, case.name, t * 1e6, ratio, label, met, case.note))
-    return rows
-
-
-class Runner:
-    """Checks and times the cases of each measurement; collects rows and timings."""
-
-    def __init__(self, settings: Settings, log: Callable[[str], None]):
-        self.settings = settings
-        self.log = log
-        self.rows: list[Row] = []
-        self.timings: dict[str, Any] = {}
-
-    def measure(self, label: str, cases: list[Case], settings: Settings | None = None) -> None:
-        self.log(f"timing {label} ...")
-        failures = _run_cases(cases, self.log)
-        runnable = {c.name: c.call for c in cases if c.name not in failures}
-        timings = compare(runnable, settings or self.settings) if runnable else {}
-        self.timings.update({f"{label} / {k}": v for k, v in timings.items()})
-        self.rows += _rows(label, cases, timings, failures)
 
 
 def _apply(m: Any, x: jax.Array) -> jax.Array:
@@ -406,13 +303,8 @@ def _ours(
     """A case of ours; a "not available" one where a transform it needs is missing, and a
     failed one where applying the transforms raises."""
     missing = [name for name in needed if _transform(name) is None]
-    if missing:
-        return Case(label, None, why=_not_available(", ".join(missing)), **options)
-    try:
-        call = make()
-    except Exception as error:
-        return Case(label, None, why=f"failed: {_first_line(error)}", **options)
-    return Case(label, call, **options)
+    unavailable = _not_available(", ".join(missing)) if missing else ""
+    return built_case(label, make, unavailable=unavailable, **options)
 
 
 def _identity(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -556,7 +448,7 @@ def eager_settings(depth: int, quick: bool) -> Settings:
 
 
 def run(settings: Settings, quick: bool, log: Callable[[str], None]) -> Runner:
-    runner = Runner(settings, log)
+    runner = Runner(settings, log, read=_canonical)
     deep, shallow = make_models(DEEP), make_models(SHALLOW, seed=1)
     x = jnp.ones(WIDTH, jnp.float32)
     xs = jnp.asarray(np.random.default_rng(2).standard_normal((BATCH, WIDTH), dtype=np.float32))
@@ -700,7 +592,7 @@ def dispatch_check(quick: bool, log: Callable[[str], None]) -> tuple[list[Dispat
             check=False,
         ),
     ]
-    why = _run_cases(cases, log)  # the first call of each compiles it
+    why = check_cases(cases, log)  # the first call of each compiles it
     runnable = {c.name: c.call for c in cases if c.name not in why}
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in runnable}
     names = list(runnable)
@@ -756,76 +648,31 @@ def dispatch_table(rows: list[DispatchRow]) -> str:
 # ------------------------------------------------------------------------------- report
 
 
-def _overheads(rows: list[Row]) -> list[str]:
-    """Per `filter_jit` measurement: ours minus the dict baseline and minus direct jax.jit."""
-    by_label: dict[str, dict[str, Row]] = {}
-    for row in rows:
-        by_label.setdefault(row.measurement, {})[row.implementation] = row
-    lines = []
-    for label, found in by_label.items():
-        if not label.startswith("`filter_jit(f)(model, x)`"):
-            continue
-        base = found.get("jax.jit(f_dict)(params, x)")
-        ours = found.get("pytree_transforms.filter_jit(f)(model, x)")
-        direct = found.get("jax.jit(f)(model, x), the Module passed directly")
-        if base is None or ours is None or base.time_us is None or ours.time_us is None:
-            continue
-        where = label.split(" per call, ")[1].split(" (")[0]
-        text = f"- {where}: {ours.time_us - base.time_us:+.1f} us against the dict"
-        if direct is not None and direct.time_us is not None:
-            text += f", {ours.time_us - direct.time_us:+.1f} us against the Module under jax.jit"
-        lines.append(text + ".")
-    return lines
-
-
-def report(
-    runner: Runner,
-    dispatch: tuple[list[DispatchRow], str],
-    header: list[str],
-    settings: Settings,
-    argv: str,
-) -> str:
-    rows, timings = runner.rows, runner.timings
-    lines = [
-        "# pytree_transforms: filtered transforms vs jax on a dict of arrays and Equinox",
-        "",
+def report(runner: Runner, dispatch: tuple[list[DispatchRow], str], invocation: Invocation) -> str:
+    description = (
         f"MLPs of width {WIDTH} (float32) with a callable activation (`jax.nn.relu`), at depth "
         f"{DEEP} and {SHALLOW}; each form (dict of arrays, pytree_module Module in NNX and in "
         "Equinox style, equinox.Module) holds the very same arrays. Input `x` of shape "
-        f"({WIDTH},); batches `xs` of shape ({BATCH}, {WIDTH}).",
-        "",
-        *header,
-        f"- Command: `{argv}`",
-    ]
-    if timings:
-        widest = max(timings, key=lambda k: (timings[k].q3 - timings[k].q1) / timings[k].median)
-        spread = (timings[widest].q3 - timings[widest].q1) / timings[widest].median
-        fewest = min(t.calls for t in timings.values())
-        lines += [
-            f"- Each jitted time is the median per-call time over {settings.repeat} repeats; "
-            f"each repeat times a loop of N calls, N set so that a loop lasts about "
-            f"{settings.repeat_s * 1e3:g} ms. Eager transforms take milliseconds a call and "
-            "get fewer, longer repeats (at least "
-            f"{fewest} calls per case in all). Repeats of the cases of one measurement are "
-            "interleaved, in a rotating order.",
-        ]
-    lines += [
-        "",
-        "These figures come from one run on the machine stated above. Absolute times vary "
-        "between machines and runs; the ratios within one measurement are the figures to "
-        "compare. Targets are those of the performance contract (see docs/benchmarks.md).",
-        "",
-        markdown_table(rows),
-        "",
-    ]
-    if timings:
-        lines += [
-            f"Largest interquartile range of any row: {spread:.1%} of its median ({widest}).",
-            "",
-        ]
-    overheads = _overheads(rows)
-    if overheads:
-        lines += ["Time `filter_jit` adds per call:", "", *overheads, ""]
+        f"({WIDTH},); batches `xs` of shape ({BATCH}, {WIDTH})."
+    )
+    lines = report_head(
+        invocation,
+        "pytree_transforms: filtered transforms vs jax on a dict of arrays and Equinox",
+        description,
+        runner.rows,
+        runner.timings,
+        subject="Each jitted time",
+        slow="Eager transforms take milliseconds a call and get fewer, longer repeats",
+    )
+    lines += overhead_section(
+        "filter_jit",
+        runner.rows,
+        "`filter_jit(f)(model, x)`",
+        "jax.jit(f_dict)(params, x)",
+        "pytree_transforms.filter_jit(f)(model, x)",
+        "jax.jit(f)(model, x), the Module passed directly",
+        "the Module",
+    )
     dispatch_rows, how = dispatch
     lines += [
         "**Dispatch stays asynchronous.** With JAX's default asynchronous CPU dispatch "
@@ -837,52 +684,32 @@ def report(
         dispatch_table(dispatch_rows),
         "",
     ]
-    missed = [r for r in rows if r.met is False]
-    missed_async = [r for r in dispatch_rows if r.target and r.asynchronous is False]
-    lines.append("Targets missed:" + ("" if missed or missed_async else " none."))
-    lines += [f"- {r.implementation}, {r.measurement}: {r.ratio:.3f}x ({r.target})" for r in missed]
-    lines += [f"- {r.implementation}: blocks until its result is ready" for r in missed_async]
-    unmeasured = [r for r in rows if r.time_us is None and r.target not in ("", "—")]
-    unmeasured_async = [r for r in dispatch_rows if r.target and r.returned_s is None]
-    if unmeasured or unmeasured_async:
-        lines += ["", "Targets not measured:"]
-        lines += [f"- {r.implementation}, {r.measurement}: {r.note}" for r in unmeasured]
-        lines += [f"- {r.implementation}, dispatch: {r.note}" for r in unmeasured_async]
+    blocking = [r for r in dispatch_rows if r.target and r.asynchronous is False]
+    unmeasured = [r for r in dispatch_rows if r.target and r.returned_s is None]
+    lines += target_lines(
+        runner.rows,
+        missed=[f"- {r.implementation}: blocks until its result is ready" for r in blocking],
+        unmeasured=[f"- {r.implementation}, dispatch: {r.note}" for r in unmeasured],
+    )
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    out, settings, quick = parse_options(
-        argv, __doc__.split("\n")[0], DEFAULT_OUT, "short smoke run (mostly compiling)"
-    )
+def benchmark(invocation: Invocation) -> str:
+    """Run every measurement; return the report."""
+    runner = run(invocation.settings, invocation.quick, log)
+    # Last, as it recreates JAX's CPU client: no array made before survives it.
+    dispatch = dispatch_check(invocation.quick, log)
+    return report(runner, dispatch, invocation)
 
-    sync_cpu_dispatch()
+
+def main(argv: list[str] | None = None) -> int:
     versions = {
-        "jax": jax.__version__,
-        "jaxlib": dist_version("jaxlib"),
         "pytree_transforms": getattr(pytree_transforms, "__version__", None),
         "pytree_module": pytree_module.__version__,
         "equinox": eqx.__version__ if eqx is not None else None,
-        "numpy": np.__version__,
     }
-    header = machine_lines(versions)
-    if quick:
-        header.append("- Quick smoke run (`--quick`): few repeats, not for quoting.")
-
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    runner = run(settings, quick, log)
-    # Last, as it recreates JAX's CPU client: no array made before survives it.
-    dispatch = dispatch_check(quick, log)
-    command = "python benchmarks/bench_transforms.py" + (" --quick" if quick else "")
-    text = report(runner, dispatch, header, settings, command)
-    print(text)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
-        log(f"wrote {out}")
-    return 0
+    quick_help = "short smoke run (mostly compiling)"
+    return run_script(argv, __file__, __doc__, quick_help, versions, benchmark)
 
 
 if __name__ == "__main__":
