@@ -90,7 +90,7 @@ def test_sow_and_perturb():
     y = model.linear(x)
     assert jnp.allclose(grads["y_grad"].value, 2 * y)  # d(sum y^2)/dy
     model.z = Param(jnp.zeros(2))
-    with pytest.raises(TypeError, match=r"Model\.z holds a Param, not a Variable of type Intermediate"):
+    with pytest.raises(TypeError, match=r"Model\.z holds a Param, not a Variable of type Int"):
         model.sow(Intermediate, "z", x)
 
 

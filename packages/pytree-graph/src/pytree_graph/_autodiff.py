@@ -77,9 +77,7 @@ class _GraphValueAndGrad(BindsAsMethod):
         grads, (value, outcome, out_values) = self._grad(diff, other, lifted.graphdef, selected)
         aux = lifted.apply(outcome, out_values)
         by_position = dict(zip((p for p, s in enumerate(selected) if s), grads, strict=True))
-        results = tuple(
-            self._gradient_of(lifted, k, graph_args[k], by_position) for k in argnums
-        )
+        results = tuple(self._gradient_of(lifted, k, graph_args[k], by_position) for k in argnums)
         gradient = results[0] if self._single else results
         return ((value, aux) if self._has_aux else value), gradient
 
@@ -162,7 +160,8 @@ _ARGUMENTS_DOC = """
         has_aux: whether `fun` returns `(value, aux)`; `aux` may hold any objects,
             Modules and Variables included.
         wrt: filter of what to differentiate in arguments holding Modules: a Variable
-            type (default `Param`), a filter object, or a predicate on `(path, leaf)`.
+            type (default `Param`), `...`, a filter object (e.g. `PathContains`, which
+            sees paths), or a predicate `f(leaf) -> bool`.
             Other arguments (arrays, dicts of arrays, States, Variables) have every
             floating-point array and Variable differentiated, and their gradient has
             their shape (Variables holding gradients, None for the rest).

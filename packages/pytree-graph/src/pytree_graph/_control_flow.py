@@ -31,7 +31,9 @@ def _finish(lifted: Lifted, result: tuple) -> Any:
     return lifted.build_output(outcome, out_values)
 
 
-def cond(pred: Any, true_fun: Callable[..., Any], false_fun: Callable[..., Any], *operands: Any):
+def cond(
+    pred: Any, true_fun: Callable[..., Any], false_fun: Callable[..., Any], *operands: Any
+) -> Any:
     """`jax.lax.cond` whose operands may hold Modules and Variables.
 
     Both branches get the operands (rebuilt, sharing kept) and must return outputs of the

@@ -16,8 +16,9 @@ from ._traverse import show_path
 class StateAxes:
     """Mapping axes chosen per filter, for the Variables and arrays of one argument.
 
-    Each leaf takes the axis of the first filter it matches (filters see `(path, leaf)`,
-    paths within the argument); every leaf must match one, so end with `...` for the
+    Each leaf takes the axis of the first filter it matches (Variable types, `...`,
+    predicates on the leaf, filter objects such as `PathContains`, which see the leaf's
+    path within the argument); every leaf must match one, so end with `...` for the
     rest. An axis is an int or `None` (not mapped: the same value for every example).
 
     Arguments:
