@@ -1,0 +1,731 @@
+"""Attention: `MultiHeadAttention`, `dot_product_attention` and the masks they take."""
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pytree_graph import Cache, Param
+from pytree_module import data
+
+from . import initializers
+from ._dtypes import promote_dtype
+from ._linear import check_features, default_kernel_init
+from ._module import Module
+from ._rngs import as_rngs
+
+
+def _check_extra_batch_dims(where: str, extra_batch_dims: Any) -> None:
+    if (
+        isinstance(extra_batch_dims, bool)
+        or not isinstance(extra_batch_dims, int)
+        or extra_batch_dims < 0
+    ):
+        raise ValueError(
+            f"{where}: extra_batch_dims must be an int >= 0, got {extra_batch_dims!r}."
+        )
+
+
+def make_attention_mask(
+    query_input: Any,
+    key_input: Any,
+    pairwise_fn: Callable[[jax.Array, jax.Array], jax.Array] = jnp.multiply,
+    extra_batch_dims: int = 0,
+    dtype: Any = jnp.float32,
+) -> jax.Array:
+    """A mask for attention, built from one value per query and one per key position.
+
+    `mask[..., 0, i, j] = pairwise_fn(query_input[..., i], key_input[..., j])`: with the
+    default `jnp.multiply` and `query_input = key_input = tokens != pad` it lets real
+    tokens attend to real tokens only (a padding mask). The singleton axis broadcasts
+    over the heads.
+
+    Arguments:
+        query_input: an array of shape `(batch..., q_length)`.
+        key_input: an array of shape `(batch..., kv_length)`; its batch axes broadcast with
+            `query_input`'s.
+        pairwise_fn: the elementwise function of a query value and a key value.
+        extra_batch_dims: how many leading singleton axes to add.
+        dtype: the dtype of the mask.
+
+    Returns:
+        The mask, of shape `(1,) * extra_batch_dims + (batch..., 1, q_length, kv_length)`;
+        nonzero where attention is allowed.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn import make_attention_mask
+        >>> tokens = jnp.array([[5, 7, 0]])  # 0 is padding
+        >>> mask = make_attention_mask(tokens != 0, tokens != 0)
+        >>> mask.shape, mask[0, 0].tolist()
+        ((1, 1, 3, 3), [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    """
+    _check_extra_batch_dims("make_attention_mask", extra_batch_dims)
+    query_input, key_input = jnp.asarray(query_input), jnp.asarray(key_input)
+    if query_input.ndim < 1 or key_input.ndim < 1:
+        raise ValueError(
+            "make_attention_mask expects query_input of shape (batch..., q_length) and "
+            "key_input of shape (batch..., kv_length), one value per position; got shapes "
+            f"{query_input.shape} and {key_input.shape}."
+        )
+    try:
+        np.broadcast_shapes(query_input.shape[:-1], key_input.shape[:-1])
+    except ValueError:
+        raise ValueError(
+            "make_attention_mask: the batch axes of query_input "
+            f"{query_input.shape[:-1]} and key_input {key_input.shape[:-1]} do not "
+            "broadcast together."
+        ) from None
+    mask = pairwise_fn(query_input[..., :, None], key_input[..., None, :])[..., None, :, :]
+    return mask.reshape((1,) * extra_batch_dims + mask.shape).astype(dtype)
+
+
+def make_causal_mask(x: Any, extra_batch_dims: int = 0, dtype: Any = jnp.float32) -> jax.Array:
+    """A causal mask: position `i` attends to positions `j <= i` only.
+
+    Arguments:
+        x: an array of shape `(batch..., length)` (only its shape is used, e.g. the
+            tokens).
+        extra_batch_dims: how many leading singleton axes to add.
+        dtype: the dtype of the mask.
+
+    Returns:
+        The mask, of shape `(1,) * extra_batch_dims + (batch..., 1, length, length)`.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn import make_causal_mask
+        >>> make_causal_mask(jnp.zeros(3))[0].tolist()
+        [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]
+    """
+    shape = jnp.shape(x)
+    if not shape:
+        raise ValueError(
+            "make_causal_mask expects an array of shape (batch..., length), got a scalar."
+        )
+    positions = jnp.broadcast_to(jnp.arange(shape[-1], dtype=jnp.int32), shape)
+    return make_attention_mask(
+        positions, positions, jnp.greater_equal, extra_batch_dims=extra_batch_dims, dtype=dtype
+    )
+
+
+def combine_masks(*masks: Any, dtype: Any = jnp.float32) -> jax.Array | None:
+    """Combine attention masks: attend only where every mask allows it.
+
+    Arguments:
+        *masks: masks (or None, which are skipped); their shapes broadcast together.
+        dtype: the dtype of the result.
+
+    Returns:
+        The logical and of the masks, broadcast, in `dtype`; None if every mask is None.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn import combine_masks, make_attention_mask, make_causal_mask
+        >>> tokens = jnp.array([4, 2, 0])  # 0 is padding
+        >>> padding = make_attention_mask(tokens != 0, tokens != 0)
+        >>> combine_masks(make_causal_mask(tokens), padding, None)[0].tolist()
+        [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+    """
+    present = [jnp.asarray(mask) for mask in masks if mask is not None]
+    if not present:
+        return None
+    try:
+        np.broadcast_shapes(*(mask.shape for mask in present))
+    except ValueError:
+        shapes = ", ".join(str(mask.shape) for mask in present)
+        raise ValueError(
+            f"combine_masks: masks of shapes {shapes} do not broadcast together."
+        ) from None
+    combined = present[0].astype(bool)
+    for mask in present[1:]:
+        combined = jnp.logical_and(combined, mask)
+    return combined.astype(dtype)
+
+
+def _check_qkv(query: jax.Array, key: jax.Array, value: jax.Array) -> None:
+    """Refuse query/key/value shapes that do not fit together, saying which."""
+    arrays = {"query": query, "key": key, "value": value}
+    for name, array in arrays.items():
+        if array.ndim < 3:
+            raise ValueError(
+                f"dot_product_attention expects {name} of shape (batch..., length, "
+                f"num_heads, head_dim), got shape {array.shape}."
+            )
+    shapes = ", ".join(f"{name} {array.shape}" for name, array in arrays.items())
+    if not query.shape[:-3] == key.shape[:-3] == value.shape[:-3]:
+        raise ValueError(
+            f"dot_product_attention: query, key and value must have the same batch axes; got "
+            f"{shapes}."
+        )
+    if key.shape[-3] != value.shape[-3]:
+        raise ValueError(
+            f"dot_product_attention: key and value must have the same length; got {shapes}."
+        )
+    if not query.shape[-2] == key.shape[-2] == value.shape[-2]:
+        raise ValueError(
+            "dot_product_attention: query, key and value must have the same number of "
+            f"heads; got {shapes}."
+        )
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            f"dot_product_attention: query and key must have the same head_dim; got {shapes}."
+        )
+
+
+def _check_broadcasts(name: str, array: Any, target: tuple[int, ...]) -> None:
+    shape = jnp.shape(array)
+    try:
+        fits = np.broadcast_shapes(shape, target) == target
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"dot_product_attention: {name} of shape {shape} does not broadcast to the "
+            f"attention weights' shape {target} (batch..., num_heads, q_length, "
+            "kv_length). Give it singleton axes where it does not vary, as "
+            "make_attention_mask's (batch..., 1, q_length, kv_length) does."
+        )
+
+
+def dot_product_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    bias: jax.Array | None = None,
+    mask: jax.Array | None = None,
+    broadcast_dropout: bool = True,
+    dropout_rng: jax.Array | None = None,
+    dropout_rate: float = 0.0,
+    deterministic: bool = False,
+    dtype: Any = None,
+    precision: Any = None,
+) -> jax.Array:
+    """Scaled dot-product attention, each head separately: `softmax(q k^T / sqrt(d)) v`.
+
+    For each head, the weights of query position `i` over key positions `j` are the
+    softmax over `j` of `q_i . k_j / sqrt(head_dim) + bias`, taken where `mask` is
+    nonzero (masked positions get weight 0; a row masked everywhere gets uniform
+    weights). The softmax is computed in at least float32. In training
+    (`deterministic=False` with `dropout_rate > 0`), weights are dropped with probability
+    `dropout_rate` and the rest scaled by `1 / (1 - dropout_rate)`.
+
+    Arguments:
+        query: `(batch..., q_length, num_heads, head_dim)`.
+        key: `(batch..., kv_length, num_heads, head_dim)`.
+        value: `(batch..., kv_length, num_heads, v_head_dim)`. The batch axes (any number,
+            none included) must be the same for all three.
+        bias: added to the attention logits; broadcastable to
+            `(batch..., num_heads, q_length, kv_length)`.
+        mask: where attention is allowed (True or nonzero); broadcastable to the same.
+        broadcast_dropout: use one dropout mask for every batch entry and head.
+        dropout_rng: the PRNG key for dropout.
+        dropout_rate: the probability of dropping an attention weight, in [0, 1].
+        deterministic: no dropout.
+        dtype: the dtype to compute in (None: promote the inputs').
+        precision: the matmul precision (`jax.lax.Precision`), or None.
+
+    Returns:
+        The attended values, `(batch..., q_length, num_heads, v_head_dim)`.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn import dot_product_attention, make_causal_mask
+        >>> q = k = v = jnp.ones((2, 5, 4, 8))  # (batch, length, num_heads, head_dim)
+        >>> mask = make_causal_mask(jnp.zeros((2, 5)))  # (2, 1, 5, 5)
+        >>> dot_product_attention(q, k, v, mask=mask).shape
+        (2, 5, 4, 8)
+    """
+    query, key, value = promote_dtype(query, key, value, dtype=dtype)
+    dtype = query.dtype
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        raise TypeError(
+            f"dot_product_attention computes in a floating dtype, got {dtype} inputs. Cast "
+            "them, or pass dtype=jnp.float32."
+        )
+    _check_qkv(query, key, value)
+    weights_shape = (*query.shape[:-3], query.shape[-2], query.shape[-3], key.shape[-3])
+    if bias is not None:
+        _check_broadcasts("bias", bias, weights_shape)
+    if mask is not None:
+        _check_broadcasts("mask", mask, weights_shape)
+    if isinstance(dropout_rate, bool) or not 0.0 <= dropout_rate <= 1.0:
+        raise ValueError(
+            f"dot_product_attention: dropout_rate must be a number in [0, 1], got {dropout_rate!r}."
+        )
+    dropping = not deterministic and dropout_rate > 0.0
+    if dropping and dropout_rng is None:
+        raise ValueError(
+            "dot_product_attention needs dropout_rng=<a PRNG key> to drop attention weights "
+            "(dropout_rate > 0 and deterministic=False); pass a key, or deterministic=True."
+        )
+
+    depth = query.shape[-1]
+    query = query / jnp.sqrt(jnp.asarray(depth, dtype))
+    logits = jnp.einsum("...qhd,...khd->...hqk", query, key, precision=precision)
+    if bias is not None:
+        logits = logits + jnp.asarray(bias, dtype)
+    if mask is not None:
+        logits = jnp.where(jnp.asarray(mask, bool), logits, jnp.finfo(dtype).min)
+    softmax_dtype = jnp.promote_types(dtype, jnp.float32)
+    weights = jax.nn.softmax(logits.astype(softmax_dtype), axis=-1).astype(dtype)
+
+    if dropping:
+        keep_prob = 1.0 - dropout_rate
+        if broadcast_dropout:
+            mask_shape = (1,) * (weights.ndim - 2) + weights.shape[-2:]
+        else:
+            mask_shape = weights.shape
+        keep = jax.random.bernoulli(dropout_rng, keep_prob, mask_shape)
+        scale = 1.0 / keep_prob if keep_prob > 0.0 else 0.0
+        weights = weights * (keep.astype(dtype) * jnp.asarray(scale, dtype))
+
+    return jnp.einsum("...hqk,...khd->...qhd", weights, value, precision=precision)
+
+
+class HeadProjection(Module):
+    """The dense layer of `MultiHeadAttention`'s `query`, `key`, `value` and `out`.
+
+    It contracts the trailing axes of its input, of shape `in_features`, with a kernel of
+    shape `in_features + out_features`: `(in, num_heads, head_dim)` to split features
+    into heads, `(num_heads, head_dim, out)` to merge them. Initializers see the kernel
+    as the matrix `(prod(in_features), prod(out_features))`, so fan-in and fan-out are
+    those of the projection.
+
+    Arguments:
+        in_features: the shape of the contracted trailing axes of the input.
+        out_features: the shape of the output's trailing axes.
+        use_bias: whether to add a bias of shape `out_features`.
+        dtype: the dtype to compute in (None: promote the input's and the parameters').
+        param_dtype: the dtype of the parameters.
+        precision: the matmul precision, or None.
+        kernel_init: initializer of the kernel (seen as a matrix, see above).
+        bias_init: initializer of the bias.
+        rngs: an `Rngs`, a PRNG key or an int seed.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn._attention import HeadProjection
+        >>> split_heads = HeadProjection((8,), (2, 4), rngs=0)
+        >>> split_heads.kernel.value.shape, split_heads(jnp.ones((5, 8))).shape
+        ((8, 2, 4), (5, 2, 4))
+    """
+
+    def __init__(
+        self,
+        in_features: Sequence[int],
+        out_features: Sequence[int],
+        *,
+        use_bias: bool = True,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        precision: Any = None,
+        kernel_init: initializers.Initializer = default_kernel_init,
+        bias_init: initializers.Initializer = initializers.zeros,
+        rngs: Any = None,
+    ):
+        in_features, out_features = tuple(in_features), tuple(out_features)
+        check_features(
+            "HeadProjection",
+            **{f"in_features[{i}]": n for i, n in enumerate(in_features)},
+            **{f"out_features[{i}]": n for i, n in enumerate(out_features)},
+        )
+        rngs = as_rngs(rngs, "HeadProjection")
+        matrix = (math.prod(in_features), math.prod(out_features))
+        kernel = kernel_init(rngs.params(), matrix, param_dtype)
+        self.kernel = Param(jnp.reshape(kernel, in_features + out_features))
+        self.bias = (
+            Param(jnp.reshape(bias_init(rngs.params(), matrix[1:], param_dtype), out_features))
+            if use_bias
+            else None
+        )
+        self.in_features = in_features
+        self.out_features = out_features
+        self.use_bias = use_bias
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.precision = precision
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Apply the projection to `x`, of shape `(..., *in_features)`."""
+        n = len(self.in_features)
+        if jnp.ndim(x) < n or jnp.shape(x)[jnp.ndim(x) - n :] != self.in_features:
+            raise ValueError(
+                f"HeadProjection expects inputs whose trailing axes are {self.in_features}, "
+                f"got an input of shape {jnp.shape(x)}."
+            )
+        bias = self.bias.value if self.bias is not None else None
+        x, kernel, bias = promote_dtype(x, self.kernel.value, bias, dtype=self.dtype)
+        y = jnp.tensordot(x, kernel, axes=n, precision=self.precision)
+        return y if bias is None else y + bias
+
+
+class MultiHeadAttention(Module):
+    """Multi-head dot-product attention, with Flax NNX's arguments and parameters.
+
+    The inputs are projected per head (`query`, `key` and `value`, kernels of shape
+    `(in_features, num_heads, head_dim)` with `head_dim = qkv_features // num_heads`),
+    attended with `attention_fn` (by default `dot_product_attention`), and the heads
+    merged by `out` (kernel `(num_heads, head_dim, out_features)`).
+
+    Call it as `att(inputs_q)` for self-attention, or `att(inputs_q, inputs_k, inputs_v)`
+    for cross-attention (`inputs_k` defaults to `inputs_q`, `inputs_v` to `inputs_k`);
+    inputs are `(batch..., length, features)` with any number of batch axes (none
+    included). `mask` (True where attention is allowed) broadcasts to
+    `(batch..., num_heads, q_length, kv_length)`: build it with `make_causal_mask`,
+    `make_attention_mask` and `combine_masks`.
+
+    Attention dropout draws keys from the `dropout` stream of the `Rngs` given here (kept
+    when `dropout_rate > 0`), or of `rngs=` given to the call; it is off in evaluation
+    mode (`deterministic=True`, set by `Module.eval()`).
+
+    Autoregressive decoding: `init_cache(input_shape)` makes `Cache` Variables
+    (`cached_key`, `cached_value`, `cache_index`); each call in decode mode then takes the
+    next position(s), writes their keys and values into the cache in place, and attends
+    to the positions filled so far (new positions causally among themselves). Under a
+    transform use `pytree_graph.jit` (or another graph transform), which writes the cache
+    back. Feeding more positions than the cache holds raises an error, or, inside a
+    transform where the position is not known, gives NaN outputs.
+
+    Flax NNX's `num_kv_heads` (grouped-query attention) and `normalize_qk` (layer-normed
+    queries and keys) are not offered; a custom `attention_fn` can implement the latter.
+
+    Arguments:
+        num_heads: the number of heads; it must divide `qkv_features`.
+        in_features: the size of `inputs_q`'s last axis.
+        qkv_features: the total size of the queries, keys and values over all heads
+            (default `in_features`).
+        out_features: the size of the output's last axis (default `in_features`).
+        in_kv_features: the size of `inputs_k`'s and `inputs_v`'s last axis (default
+            `in_features`).
+        dtype: the dtype to compute in (None: promote the inputs' and parameters').
+        param_dtype: the dtype of the parameters.
+        broadcast_dropout: use one dropout mask for every batch entry and head.
+        dropout_rate: the probability of dropping an attention weight in training.
+        deterministic: start in evaluation mode (no dropout).
+        precision: the matmul precision (`jax.lax.Precision`), or None.
+        kernel_init: initializer of the `query`, `key` and `value` kernels (and of `out`'s
+            unless `out_kernel_init` is given), seen as `(fan_in, fan_out)` matrices.
+        out_kernel_init: initializer of the `out` kernel (None: `kernel_init`).
+        bias_init: initializer of the biases.
+        use_bias: whether the projections have biases.
+        attention_fn: called as `attention_fn(query, key, value, mask=, dropout_rng=,
+            dropout_rate=, broadcast_dropout=, deterministic=, dtype=, precision=)` on the
+            projected `(batch..., length, num_heads, head_dim)` arrays.
+        decode: start in decode mode (see above; `init_cache` first).
+        rngs: an `Rngs`, a PRNG key or an int seed (parameters from its `params` stream,
+            dropout keys from its `dropout` stream).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn import MultiHeadAttention, make_causal_mask
+        >>> att = MultiHeadAttention(num_heads=2, in_features=8, rngs=0)
+        >>> x = jnp.ones((3, 5, 8))  # (batch, length, features)
+        >>> att(x, mask=make_causal_mask(jnp.zeros((3, 5)))).shape
+        (3, 5, 8)
+        >>> att.query.kernel.value.shape, att.out.kernel.value.shape
+        ((8, 2, 4), (2, 4, 8))
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        in_features: int,
+        qkv_features: int | None = None,
+        out_features: int | None = None,
+        *,
+        in_kv_features: int | None = None,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        broadcast_dropout: bool = True,
+        dropout_rate: float = 0.0,
+        deterministic: bool = False,
+        precision: Any = None,
+        kernel_init: initializers.Initializer = default_kernel_init,
+        out_kernel_init: initializers.Initializer | None = None,
+        bias_init: initializers.Initializer = initializers.zeros,
+        use_bias: bool = True,
+        attention_fn: Callable[..., jax.Array] = dot_product_attention,
+        decode: bool = False,
+        rngs: Any = None,
+    ):
+        qkv_features = in_features if qkv_features is None else qkv_features
+        out_features = in_features if out_features is None else out_features
+        in_kv_features = in_features if in_kv_features is None else in_kv_features
+        check_features(
+            "MultiHeadAttention",
+            num_heads=num_heads,
+            in_features=in_features,
+            qkv_features=qkv_features,
+            out_features=out_features,
+            in_kv_features=in_kv_features,
+        )
+        if qkv_features % num_heads:
+            raise ValueError(
+                f"MultiHeadAttention: num_heads={num_heads} must divide "
+                f"qkv_features={qkv_features} (each head gets qkv_features // num_heads "
+                "features). Pick qkv_features as a multiple of num_heads, e.g. "
+                f"qkv_features={num_heads * max(1, qkv_features // num_heads)}."
+            )
+        if (
+            isinstance(dropout_rate, bool)
+            or not isinstance(dropout_rate, int | float)
+            or not 0 <= dropout_rate <= 1
+        ):
+            raise ValueError(
+                f"MultiHeadAttention: dropout_rate must be a number in [0, 1], got "
+                f"{dropout_rate!r}."
+            )
+        if not callable(attention_fn):
+            raise TypeError(
+                "MultiHeadAttention: attention_fn must be a function such as "
+                f"dot_product_attention, got {type(attention_fn).__name__}."
+            )
+        rngs = as_rngs(rngs, "MultiHeadAttention")
+        head_dim = qkv_features // num_heads
+
+        def projection(
+            in_shape: tuple[int, ...], out_shape: tuple[int, ...], init: Any
+        ) -> HeadProjection:
+            return HeadProjection(
+                in_shape,
+                out_shape,
+                use_bias=use_bias,
+                dtype=dtype,
+                param_dtype=param_dtype,
+                precision=precision,
+                kernel_init=init,
+                bias_init=bias_init,
+                rngs=rngs,
+            )
+
+        heads = (num_heads, head_dim)
+        self.query = projection((in_features,), heads, kernel_init)
+        self.key = projection((in_kv_features,), heads, kernel_init)
+        self.value = projection((in_kv_features,), heads, kernel_init)
+        self.out = projection(heads, (out_features,), out_kernel_init or kernel_init)
+        self.num_heads = num_heads
+        self.in_features = in_features
+        self.qkv_features = qkv_features
+        self.out_features = out_features
+        self.in_kv_features = in_kv_features
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.broadcast_dropout = broadcast_dropout
+        self.dropout_rate = float(dropout_rate)
+        self.deterministic = deterministic
+        self.precision = precision
+        self.use_bias = use_bias
+        self.attention_fn = attention_fn
+        self.decode = decode
+        self.rngs = data(rngs if dropout_rate > 0 else None)
+        self.cached_key = data(None)
+        self.cached_value = data(None)
+        self.cache_index = data(None)
+
+    def __call__(
+        self,
+        inputs_q: jax.Array,
+        inputs_k: jax.Array | None = None,
+        inputs_v: jax.Array | None = None,
+        *,
+        mask: jax.Array | None = None,
+        deterministic: bool | None = None,
+        rngs: Any = None,
+        decode: bool | None = None,
+    ) -> jax.Array:
+        """Attend from `inputs_q` to `inputs_k`/`inputs_v` (by default: to itself).
+
+        Arguments:
+            inputs_q: the queries' inputs, `(batch..., q_length, in_features)`.
+            inputs_k: the keys' inputs, `(batch..., kv_length, in_kv_features)`
+                (default: `inputs_q`).
+            inputs_v: the values' inputs, shaped like `inputs_k` (default: `inputs_k`).
+            mask: True (or nonzero) where attention is allowed, broadcastable to
+                `(batch..., num_heads, q_length, kv_length)`; in decode mode `kv_length`
+                is the cache's length.
+            deterministic: override the layer's mode for this call (True: no dropout).
+            rngs: dropout keys for this call (an `Rngs`, key or seed) instead of the
+                layer's.
+            decode: override the layer's `decode` for this call.
+
+        Returns:
+            `(batch..., q_length, out_features)`.
+        """
+        if inputs_k is None:
+            if inputs_v is not None:
+                raise ValueError(
+                    "MultiHeadAttention: inputs_v was given without inputs_k. Pass inputs_k "
+                    "as well (inputs_k defaults to inputs_q, and inputs_v to inputs_k)."
+                )
+            inputs_k = inputs_q
+        if inputs_v is None:
+            inputs_v = inputs_k
+        self._check_inputs(inputs_q, inputs_k, inputs_v)
+        query = self.query(inputs_q)
+        key = self.key(inputs_k)
+        value = self.value(inputs_v)
+
+        overflow = None
+        if self.decode if decode is None else decode:
+            key, value, mask, overflow = self._write_cache(query, key, value, mask)
+
+        if deterministic is None:
+            deterministic = self.deterministic
+        dropout_rng = None
+        if deterministic or self.dropout_rate == 0.0:
+            deterministic = True
+        else:
+            rngs = self.rngs if rngs is None else as_rngs(rngs, "MultiHeadAttention")
+            if rngs is None:
+                raise ValueError(
+                    "MultiHeadAttention needs random keys for attention dropout in training "
+                    "mode: pass rngs=... to the call, or switch to evaluation mode with "
+                    "`.eval()` (or deterministic=True)."
+                )
+            dropout_rng = rngs.dropout()
+
+        x = self.attention_fn(
+            query,
+            key,
+            value,
+            mask=mask,
+            dropout_rng=dropout_rng,
+            dropout_rate=self.dropout_rate,
+            broadcast_dropout=self.broadcast_dropout,
+            deterministic=deterministic,
+            dtype=self.dtype,
+            precision=self.precision,
+        )
+        out = self.out(x)
+        if overflow is not None:
+            out = jnp.where(overflow, jnp.asarray(jnp.nan, out.dtype), out)
+        return out
+
+    def _check_inputs(self, inputs_q: Any, inputs_k: Any, inputs_v: Any) -> None:
+        """Refuse inputs whose shapes do not fit the layer or each other, naming which."""
+        inputs = {"inputs_q": inputs_q, "inputs_k": inputs_k, "inputs_v": inputs_v}
+        expected = {
+            "inputs_q": ("in_features", self.in_features),
+            "inputs_k": ("in_kv_features", self.in_kv_features),
+            "inputs_v": ("in_kv_features", self.in_kv_features),
+        }
+        for name, x in inputs.items():
+            shape = jnp.shape(x)
+            size_name, size = expected[name]
+            if len(shape) < 2:
+                raise ValueError(
+                    f"MultiHeadAttention expects {name} of shape (batch..., length, "
+                    f"{size_name}), got shape {shape}. For a single position add a length "
+                    "axis: x[..., None, :]."
+                )
+            if shape[-1] != size:
+                raise ValueError(
+                    f"MultiHeadAttention expects {name} whose last dimension is "
+                    f"{size_name}={size}, got an input of shape {shape}."
+                )
+        shape_q, shape_k, shape_v = (jnp.shape(x) for x in inputs.values())
+        if not shape_q[:-2] == shape_k[:-2] == shape_v[:-2]:
+            raise ValueError(
+                "MultiHeadAttention: inputs_q, inputs_k and inputs_v must have the same batch "
+                f"axes; got shapes {shape_q}, {shape_k} and {shape_v}."
+            )
+        if shape_k[-2] != shape_v[-2]:
+            raise ValueError(
+                "MultiHeadAttention: inputs_k and inputs_v must have the same length; got "
+                f"shapes {shape_k} and {shape_v}."
+            )
+
+    def init_cache(self, input_shape: Sequence[int], dtype: Any = jnp.float32) -> None:
+        """Make an empty decoding cache for sequences of shape `input_shape`.
+
+        Sets `cached_key` and `cached_value` (`Cache` Variables of shape
+        `(batch..., max_length, num_heads, head_dim)`, zeros) and `cache_index` (a
+        `Cache` holding the number of positions filled, 0). Call it again to start a new
+        sequence.
+
+        Arguments:
+            input_shape: the shape of a whole input sequence,
+                `(batch..., max_length, features)`.
+            dtype: the dtype of the cached keys and values.
+
+        Examples:
+            >>> import jax.numpy as jnp
+            >>> from pytree_nn import MultiHeadAttention
+            >>> att = MultiHeadAttention(2, 8, decode=True, rngs=0)
+            >>> att.init_cache((1, 10, 8))  # batch 1, up to 10 positions
+            >>> ys = [att(jnp.ones((1, 1, 8))) for _ in range(3)]  # one position per call
+            >>> att.cached_key.value.shape, int(att.cache_index.value)
+            ((1, 10, 2, 4), 3)
+        """
+        shape = tuple(input_shape)
+        if len(shape) < 2 or any(
+            isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1 for n in shape
+        ):
+            raise ValueError(
+                "MultiHeadAttention.init_cache expects input_shape = (batch..., max_length, "
+                f"features), positive ints, got {input_shape!r}."
+            )
+        if shape[-1] not in (self.in_features, self.in_kv_features):
+            raise ValueError(
+                "MultiHeadAttention.init_cache expects input_shape = (batch..., max_length, "
+                f"features) with features={self.in_features}, got {shape}: its last entry "
+                "must be the feature size."
+            )
+        cache_shape = (*shape[:-1], self.num_heads, self.head_dim)
+        self.cached_key = Cache(jnp.zeros(cache_shape, dtype))
+        self.cached_value = Cache(jnp.zeros(cache_shape, dtype))
+        self.cache_index = Cache(jnp.array(0, jnp.int32))
+
+    def _write_cache(
+        self, query: jax.Array, key: jax.Array, value: jax.Array, mask: Any
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
+        """Write the new positions into the cache; the cached keys, values and mask."""
+        if self.cached_key is None or self.cached_value is None or self.cache_index is None:
+            raise ValueError(
+                "MultiHeadAttention: decode mode needs a cache. Call "
+                "att.init_cache(input_shape) first, with input_shape = (batch..., "
+                "max_length, features)."
+            )
+        cached_key = self.cached_key.value
+        *batch, max_length, _, _ = cached_key.shape
+        if key.shape[:-3] != tuple(batch):
+            raise ValueError(
+                f"MultiHeadAttention: the inputs' batch axes {key.shape[:-3]} differ from the "
+                f"decode cache's {tuple(batch)}; call init_cache with this batch shape."
+            )
+        length = key.shape[-3]
+        if query.shape[-3] != length:
+            raise ValueError(
+                "MultiHeadAttention: in decode mode inputs_q, inputs_k and inputs_v hold the "
+                f"same new positions, but inputs_q has {query.shape[-3]} and inputs_k "
+                f"{length}."
+            )
+        index = self.cache_index.value
+        overflow = None
+        if isinstance(index, jax.core.Tracer):
+            # The position is only known when the compiled code runs: mark the outputs.
+            overflow = index + length > max_length
+        elif int(index) + length > max_length:
+            raise ValueError(
+                f"MultiHeadAttention: the decode cache is full: it holds {max_length} "
+                f"positions, {int(index)} are filled and this call adds {length}. Call "
+                "init_cache again to start a new sequence (with a larger max_length if "
+                "needed)."
+            )
+        zero = jnp.zeros((), index.dtype)
+        start = (zero,) * len(batch) + (index, zero, zero)
+        key = jax.lax.dynamic_update_slice(cached_key, key.astype(cached_key.dtype), start)
+        cached_value = self.cached_value.value
+        value = jax.lax.dynamic_update_slice(cached_value, value.astype(cached_value.dtype), start)
+        self.cached_key.value = key
+        self.cached_value.value = value
+        self.cache_index.value = index + length
+        # New position i (absolute index + i) sees the cache up to and including itself.
+        positions = index + jnp.arange(length, dtype=index.dtype)
+        visible = jnp.arange(max_length, dtype=index.dtype) <= positions[:, None]
+        return key, value, combine_masks(mask, visible, dtype=jnp.bool_), overflow

@@ -1,0 +1,96 @@
+"""`Embedding`: a table of vectors looked up by integer index."""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from pytree_graph import Param
+
+from . import initializers
+from ._dtypes import promote_dtype
+from ._linear import check_features, check_input
+from ._module import Module
+from ._rngs import as_rngs
+
+default_embedding_init = initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
+
+
+class Embedding(Module):
+    """A table of `num_embeddings` vectors of size `features`, looked up by index.
+
+    `embedding(indices)` gives `embedding.embedding[indices]`: integer indices of any
+    shape `s` give vectors of shape `(*s, features)`. Negative indices count from the
+    end; indices `>= num_embeddings` give NaN vectors (no error, as it cannot be checked
+    inside compiled code). `attend(query)` is the transposed use of the same table,
+    `query @ embedding.T`, the output layer of a language model with tied weights.
+
+    Arguments:
+        num_embeddings: the number of vectors (e.g. the vocabulary size).
+        features: the size of each vector.
+        dtype: the dtype of the outputs (None: the parameters' dtype, promoted with the
+            query's in `attend`).
+        param_dtype: the dtype of the table.
+        embedding_init: initializer of the table, of shape `(num_embeddings, features)`;
+            by default normal with variance `1 / features`.
+        rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn import Embedding
+        >>> embed = Embedding(10, 4, rngs=0)
+        >>> tokens = jnp.array([[1, 2, 3], [4, 5, 6]])
+        >>> embed(tokens).shape, embed.attend(embed(tokens)).shape
+        ((2, 3, 4), (2, 3, 10))
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        features: int,
+        *,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        embedding_init: initializers.Initializer = default_embedding_init,
+        rngs: Any = None,
+    ):
+        check_features("Embedding", num_embeddings=num_embeddings, features=features)
+        rngs = as_rngs(rngs, "Embedding")
+        self.embedding = Param(
+            embedding_init(rngs.params(), (num_embeddings, features), param_dtype)
+        )
+        self.num_embeddings = num_embeddings
+        self.features = features
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+
+    def __call__(self, inputs: Any) -> jax.Array:
+        """Look up the vectors of `inputs`, integer indices of any shape.
+
+        Arguments:
+            inputs: integer indices, of any shape `s`.
+
+        Returns:
+            The vectors, of shape `(*s, features)`.
+        """
+        inputs = jnp.asarray(inputs)
+        if not jnp.issubdtype(inputs.dtype, jnp.integer):
+            raise TypeError(
+                f"Embedding expects integer indices, got an array of dtype {inputs.dtype}. "
+                "Convert them first, e.g. inputs.astype(jnp.int32)."
+            )
+        (embedding,) = promote_dtype(self.embedding.value, dtype=self.dtype)
+        return jnp.take(embedding, inputs, axis=0)
+
+    def attend(self, query: jax.Array) -> jax.Array:
+        """Score `query` against every vector of the table: `query @ embedding.T`.
+
+        Arguments:
+            query: an array of shape `(..., features)`.
+
+        Returns:
+            The scores, of shape `(..., num_embeddings)` (e.g. logits over a vocabulary).
+        """
+        check_input("Embedding.attend", query, -1, self.features, "features")
+        query, embedding = promote_dtype(query, self.embedding.value, dtype=self.dtype)
+        return jnp.matmul(query, embedding.T)

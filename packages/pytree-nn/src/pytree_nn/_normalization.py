@@ -1,0 +1,571 @@
+"""Normalization layers: `LayerNorm`, `RMSNorm`, `GroupNorm` and `BatchNorm`."""
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pytree_graph import BatchStat, Param
+
+from . import initializers
+from ._dtypes import promote_dtype
+from ._linear import check_features
+from ._module import Module
+from ._rngs import as_rngs
+
+Axes = int | Sequence[int]
+
+
+def _check_axes(layer: str, name: str, axes: Any) -> int | tuple[int, ...]:
+    """Refuse an axis spec that is not an int or a non-empty sequence of ints."""
+
+    def is_int(a: Any) -> bool:
+        return isinstance(a, int) and not isinstance(a, bool)
+
+    if is_int(axes):
+        return axes
+    sequence = isinstance(axes, Sequence) and not isinstance(axes, str)
+    if sequence and axes and all(is_int(a) for a in axes):
+        return tuple(axes)
+    raise TypeError(f"{layer}: {name} must be an int or a tuple of ints, got {axes!r}.")
+
+
+def _check_number(layer: str, name: str, value: Any, low: float, high: float) -> float:
+    """Refuse a value that is not a real number in [low, high], naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        bounds = f"in [{low}, {high}]" if high != math.inf else f">= {low}"
+        raise ValueError(f"{layer}: {name} must be a number {bounds}, got {value!r}.")
+    return float(value)
+
+
+def _input_axes(layer: str, name: str, axes: int | tuple[int, ...], shape: tuple) -> tuple:
+    """`axes` as sorted, distinct, non-negative axes of an input of this shape."""
+    ndim = len(shape)
+    spec = (axes,) if isinstance(axes, int) else axes
+    if not all(-ndim <= a < ndim for a in spec):
+        raise ValueError(
+            f"{layer}: {name}={axes!r} is out of range for an input of shape {shape} (rank {ndim})."
+        )
+    return tuple(sorted({a % ndim for a in spec}))
+
+
+def _check_feature_size(
+    layer: str, name: str, axes: Any, features: tuple, shape: tuple, num_features: int
+) -> None:
+    """Refuse an input whose feature axes do not hold `num_features` values."""
+    size = math.prod(shape[a] for a in features)
+    if size != num_features:
+        raise ValueError(
+            f"{layer} was built with num_features={num_features}, but the input of shape "
+            f"{shape} has {size} features along {name}={axes!r}. Pass inputs with "
+            f"{num_features} features there, or build the layer with num_features={size}."
+        )
+
+
+def _squared_magnitude(x: jax.Array) -> jax.Array:
+    """`|x|**2` elementwise (real for complex `x`)."""
+    if jnp.iscomplexobj(x):
+        return lax.square(x.real) + lax.square(x.imag)
+    return lax.square(x)
+
+
+def _moments(
+    x: jax.Array,
+    axes: tuple[int, ...],
+    *,
+    center: bool,
+    fast_variance: bool,
+    axis_name: Any,
+) -> tuple[jax.Array | None, jax.Array]:
+    """Mean and variance over `axes` (kept, as size 1), and over the named axis if set.
+
+    Computed in at least float32, so half-precision inputs keep accurate statistics.
+    Without `center` the mean is None and the "variance" is the mean square.
+    """
+    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+    def average(*values: jax.Array) -> list[jax.Array]:
+        means = [jnp.mean(v, axes, keepdims=True) for v in values]
+        return means if axis_name is None else lax.pmean(means, axis_name)
+
+    if not center:
+        (mean_square,) = average(_squared_magnitude(x))
+        return None, mean_square
+    if fast_variance:
+        mean, mean_square = average(x, _squared_magnitude(x))
+        # E[x^2] - E[x]^2 can round to slightly below zero.
+        return mean, jnp.maximum(0.0, mean_square - _squared_magnitude(mean))
+    (mean,) = average(x)
+    (variance,) = average(_squared_magnitude(x - mean))
+    return mean, variance
+
+
+def _normalize(
+    x: jax.Array,
+    mean: jax.Array | None,
+    variance: jax.Array,
+    scale: jax.Array | None,
+    bias: jax.Array | None,
+    feature_axes: tuple[int, ...],
+    epsilon: float,
+) -> jax.Array:
+    """`(x - mean) / sqrt(variance + epsilon) * scale + bias`, parameters on `feature_axes`.
+
+    The result has the dtype of `x` (float32 for integer inputs).
+    """
+    feature_shape = [x.shape[a] if a in feature_axes else 1 for a in range(x.ndim)]
+    multiplier = lax.rsqrt(variance + epsilon)
+    if scale is not None:
+        multiplier = multiplier * scale.reshape(feature_shape)
+    y = (x if mean is None else x - mean) * multiplier
+    if bias is not None:
+        y = y + bias.reshape(feature_shape)
+    out_dtype = x.dtype if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.float32
+    return y.astype(out_dtype)
+
+
+def _param(init: initializers.Initializer, rngs: Any, size: int, dtype: Any) -> Param:
+    return Param(init(rngs.params(), (size,), dtype))
+
+
+class LayerNorm(Module):
+    """Layer normalization: normalize each example over its features.
+
+    `y = (x - mean) / sqrt(var + epsilon) * scale + bias`, with the mean and variance taken
+    over `reduction_axes` of each example separately (by default the last axis), and
+    `scale`/`bias` Params of shape `(num_features,)` laid along `feature_axes`. Statistics
+    are computed in at least float32; the result has the dtype of the input and
+    parameters promoted together, or `dtype`.
+
+    Arguments:
+        num_features: the number of features (the product of the sizes of the input's
+            `feature_axes`).
+        epsilon: added to the variance before the square root.
+        dtype: the dtype to compute in and return (None: promote the input's and the
+            parameters').
+        param_dtype: the dtype of `scale` and `bias`.
+        use_bias: whether to add the learned `bias`.
+        use_scale: whether to multiply by the learned `scale`.
+        bias_init: initializer of `bias`.
+        scale_init: initializer of `scale`.
+        reduction_axes: the axis or axes to take the statistics over.
+        feature_axes: the axis or axes `scale` and `bias` lie along.
+        axis_name: also average the statistics over this named axis (of `vmap`, `pmap`
+            or `shard_map`), e.g. when the features are split across it.
+        use_fast_variance: compute the variance as `E[x^2] - E[x]^2` (one pass) instead
+            of `E[(x - E[x])^2]`.
+        rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn import LayerNorm
+        >>> norm = LayerNorm(4, rngs=0)
+        >>> y = norm(jnp.array([1.0, 2.0, 3.0, 4.0]))
+        >>> [round(v, 3) for v in y.tolist()]
+        [-1.342, -0.447, 0.447, 1.342]
+        >>> norm.scale.value.shape, norm.bias.value.shape
+        ((4,), (4,))
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        epsilon: float = 1e-6,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        use_bias: bool = True,
+        use_scale: bool = True,
+        bias_init: initializers.Initializer = initializers.zeros,
+        scale_init: initializers.Initializer = initializers.ones,
+        reduction_axes: Axes = -1,
+        feature_axes: Axes = -1,
+        axis_name: Any = None,
+        use_fast_variance: bool = True,
+        rngs: Any = None,
+    ):
+        check_features("LayerNorm", num_features=num_features)
+        self.epsilon = _check_number("LayerNorm", "epsilon", epsilon, 0.0, math.inf)
+        self.reduction_axes = _check_axes("LayerNorm", "reduction_axes", reduction_axes)
+        self.feature_axes = _check_axes("LayerNorm", "feature_axes", feature_axes)
+        rngs = as_rngs(rngs, "LayerNorm")
+        self.scale = _param(scale_init, rngs, num_features, param_dtype) if use_scale else None
+        self.bias = _param(bias_init, rngs, num_features, param_dtype) if use_bias else None
+        self.num_features = num_features
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.use_bias = use_bias
+        self.use_scale = use_scale
+        self.axis_name = axis_name
+        self.use_fast_variance = use_fast_variance
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Normalize `x`; the result has the shape of `x`."""
+        shape = jnp.shape(x)
+        reduction = _input_axes("LayerNorm", "reduction_axes", self.reduction_axes, shape)
+        features = _input_axes("LayerNorm", "feature_axes", self.feature_axes, shape)
+        _check_feature_size(
+            "LayerNorm", "feature_axes", self.feature_axes, features, shape, self.num_features
+        )
+        scale = None if self.scale is None else self.scale.value
+        bias = None if self.bias is None else self.bias.value
+        x, scale, bias = promote_dtype(x, scale, bias, dtype=self.dtype)
+        mean, variance = _moments(
+            x,
+            reduction,
+            center=True,
+            fast_variance=self.use_fast_variance,
+            axis_name=self.axis_name,
+        )
+        return _normalize(x, mean, variance, scale, bias, features, self.epsilon)
+
+
+class RMSNorm(Module):
+    """Root-mean-square normalization: scale each example to unit RMS, without centering.
+
+    `y = x / sqrt(mean(x^2) + epsilon) * scale`, with the mean square taken over
+    `reduction_axes` of each example (by default the last axis) and a `scale` Param of
+    shape `(num_features,)` laid along `feature_axes`. Statistics are computed in at least
+    float32; the result has the dtype of the input and `scale` promoted, or `dtype`.
+
+    Arguments:
+        num_features: the number of features (the product of the sizes of the input's
+            `feature_axes`).
+        epsilon: added to the mean square before the square root.
+        dtype: the dtype to compute in and return (None: promote).
+        param_dtype: the dtype of `scale`.
+        use_scale: whether to multiply by the learned `scale`.
+        scale_init: initializer of `scale`.
+        reduction_axes: the axis or axes to take the mean square over.
+        feature_axes: the axis or axes `scale` lies along.
+        axis_name: also average over this named axis (of `vmap`, `pmap`, `shard_map`).
+        rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn import RMSNorm
+        >>> norm = RMSNorm(2, rngs=0)
+        >>> [round(v, 3) for v in norm(jnp.array([3.0, 4.0])).tolist()]
+        [0.849, 1.131]
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        epsilon: float = 1e-6,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        use_scale: bool = True,
+        scale_init: initializers.Initializer = initializers.ones,
+        reduction_axes: Axes = -1,
+        feature_axes: Axes = -1,
+        axis_name: Any = None,
+        rngs: Any = None,
+    ):
+        check_features("RMSNorm", num_features=num_features)
+        self.epsilon = _check_number("RMSNorm", "epsilon", epsilon, 0.0, math.inf)
+        self.reduction_axes = _check_axes("RMSNorm", "reduction_axes", reduction_axes)
+        self.feature_axes = _check_axes("RMSNorm", "feature_axes", feature_axes)
+        rngs = as_rngs(rngs, "RMSNorm")
+        self.scale = _param(scale_init, rngs, num_features, param_dtype) if use_scale else None
+        self.num_features = num_features
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.use_scale = use_scale
+        self.axis_name = axis_name
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Normalize `x`; the result has the shape of `x`."""
+        shape = jnp.shape(x)
+        reduction = _input_axes("RMSNorm", "reduction_axes", self.reduction_axes, shape)
+        features = _input_axes("RMSNorm", "feature_axes", self.feature_axes, shape)
+        _check_feature_size(
+            "RMSNorm", "feature_axes", self.feature_axes, features, shape, self.num_features
+        )
+        scale = None if self.scale is None else self.scale.value
+        x, scale = promote_dtype(x, scale, dtype=self.dtype)
+        _, mean_square = _moments(
+            x, reduction, center=False, fast_variance=True, axis_name=self.axis_name
+        )
+        return _normalize(x, None, mean_square, scale, None, features, self.epsilon)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+class GroupNorm(Module):
+    """Group normalization: normalize each example over groups of channels.
+
+    The `num_features` channels (the last axis) are split into `num_groups` consecutive
+    groups of `group_size`; the mean and variance are taken per example and per group,
+    over the group's channels and every axis between the batch axis and the channels
+    (for an image batch `(N, H, W, C)`: over `H`, `W` and the group). The leading axis is
+    the batch; a 1-D input `(C,)` is one example. `num_groups=1` is a layer norm over all
+    non-batch axes; `group_size=1` is instance normalization. Learned `scale` and `bias`
+    of shape `(num_features,)` follow.
+
+    Arguments:
+        num_features: the number of channels (size of the input's last axis).
+        num_groups: the number of groups (default 32, as in the paper that introduced
+            the layer); it must divide `num_features`. Pass `num_groups=None` to give
+            `group_size` instead.
+        group_size: the number of channels in a group (instead of `num_groups`).
+        epsilon: added to the variance before the square root.
+        dtype: the dtype to compute in and return (None: promote).
+        param_dtype: the dtype of `scale` and `bias`.
+        use_bias: whether to add the learned `bias`.
+        use_scale: whether to multiply by the learned `scale`.
+        bias_init: initializer of `bias`.
+        scale_init: initializer of `scale`.
+        reduction_axes: the axes to take the statistics over, instead of the default
+            (every axis but the first); it must include the last axis. Use it for inputs
+            with several batch axes, e.g. `(-3, -2, -1)` for `(..., H, W, C)`.
+        axis_name: also average the statistics over this named axis.
+        use_fast_variance: compute the variance as `E[x^2] - E[x]^2` (one pass).
+        rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn import GroupNorm
+        >>> norm = GroupNorm(4, num_groups=2, rngs=0)
+        >>> norm(jnp.array([[0.0, 2.0, 10.0, 30.0]])).round(3).tolist()
+        [[-1.0, 1.0, -1.0, 1.0]]
+        >>> GroupNorm(6, num_groups=None, group_size=3, rngs=0).num_groups
+        2
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        num_groups: int | None = 32,
+        *,
+        group_size: int | None = None,
+        epsilon: float = 1e-6,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        use_bias: bool = True,
+        use_scale: bool = True,
+        bias_init: initializers.Initializer = initializers.zeros,
+        scale_init: initializers.Initializer = initializers.ones,
+        reduction_axes: Axes | None = None,
+        axis_name: Any = None,
+        use_fast_variance: bool = True,
+        rngs: Any = None,
+    ):
+        check_features("GroupNorm", num_features=num_features)
+        if (num_groups is None) == (group_size is None):
+            got = (
+                "neither"
+                if num_groups is None
+                else f"num_groups={num_groups!r} and group_size={group_size!r}"
+            )
+            raise ValueError(
+                f"GroupNorm: give exactly one of num_groups and group_size, got {got}. "
+                "num_groups defaults to 32: to give group_size, pass num_groups=None too."
+            )
+        given, value = (
+            ("num_groups", num_groups) if group_size is None else ("group_size", group_size)
+        )
+        check_features("GroupNorm", **{given: value})
+        if num_features % value:
+            raise ValueError(
+                f"GroupNorm: {given}={value} does not divide num_features={num_features}; "
+                f"use one of {_divisors(num_features)}."
+            )
+        self.epsilon = _check_number("GroupNorm", "epsilon", epsilon, 0.0, math.inf)
+        self.reduction_axes = (
+            None
+            if reduction_axes is None
+            else _check_axes("GroupNorm", "reduction_axes", reduction_axes)
+        )
+        rngs = as_rngs(rngs, "GroupNorm")
+        self.scale = _param(scale_init, rngs, num_features, param_dtype) if use_scale else None
+        self.bias = _param(bias_init, rngs, num_features, param_dtype) if use_bias else None
+        self.num_features = num_features
+        self.num_groups = num_features // value if given == "group_size" else value
+        self.group_size = num_features // self.num_groups
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.use_bias = use_bias
+        self.use_scale = use_scale
+        self.axis_name = axis_name
+        self.use_fast_variance = use_fast_variance
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Normalize `x`, of shape `(batch, ..., num_features)` or `(num_features,)`."""
+        shape = jnp.shape(x)
+        if not shape:
+            raise ValueError(
+                f"GroupNorm expects inputs of shape (batch, ..., {self.num_features}) or "
+                f"({self.num_features},), got a scalar."
+            )
+        last = len(shape) - 1
+        _check_feature_size("GroupNorm", "axis", -1, (last,), shape, self.num_features)
+        if self.reduction_axes is None:
+            reduction = (*range(1, last), last)
+        else:
+            reduction = _input_axes("GroupNorm", "reduction_axes", self.reduction_axes, shape)
+            if last not in reduction:
+                raise ValueError(
+                    f"GroupNorm: reduction_axes={self.reduction_axes!r} must include the "
+                    "channel axis (the last axis, -1)."
+                )
+        scale = None if self.scale is None else self.scale.value
+        bias = None if self.bias is None else self.bias.value
+        x, scale, bias = promote_dtype(x, scale, bias, dtype=self.dtype)
+        # Split the channels into (num_groups, group_size): axes `last` and `last + 1`.
+        grouped = x.reshape(*shape[:-1], self.num_groups, self.group_size)
+        mean, variance = _moments(
+            grouped,
+            (*reduction[:-1], last + 1),
+            center=True,
+            fast_variance=self.use_fast_variance,
+            axis_name=self.axis_name,
+        )
+        y = _normalize(grouped, mean, variance, scale, bias, (last, last + 1), self.epsilon)
+        return y.reshape(shape)
+
+
+class BatchNorm(Module):
+    """Batch normalization: normalize each feature over the batch, keeping running averages.
+
+    In training mode (`use_running_average=False`, how Modules start; `model.train()`)
+    the mean and variance of each feature are taken over every axis but `axis` (and over
+    the named axis `axis_name`, if set), used to normalize, and folded into the running
+    averages, the BatchStats `mean` and `var`, in place:
+    `mean = momentum * mean + (1 - momentum) * batch_mean` (likewise `var`). In evaluation
+    mode (`use_running_average=True`; `model.eval()`) the running averages are used and
+    nothing changes. Then `y = (x - mean) / sqrt(var + epsilon) * scale + bias`.
+
+    The running averages are updated eagerly and inside `pytree_graph.jit` (which writes
+    them back to the caller's model). To share batch statistics across a vectorised or
+    parallel axis, give it a name (`pytree_graph.vmap(..., axis_name="batch")` with the
+    Params and BatchStats not mapped) and pass the same `axis_name` here.
+
+    Arguments:
+        num_features: the number of features (the size of the input's `axis`).
+        use_running_average: start in evaluation mode.
+        axis: the feature axis (or axes); statistics are taken over all the others.
+        momentum: the decay of the running averages, in [0, 1].
+        epsilon: added to the variance before the square root.
+        dtype: the dtype to compute in and return (None: promote).
+        param_dtype: the dtype of `scale` and `bias` (the running averages are float32).
+        use_bias: whether to add the learned `bias`.
+        use_scale: whether to multiply by the learned `scale`.
+        bias_init: initializer of `bias`.
+        scale_init: initializer of `scale`.
+        axis_name: also average the batch statistics over this named axis.
+        use_fast_variance: compute the variance as `E[x^2] - E[x]^2` (one pass).
+        rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn import BatchNorm
+        >>> norm = BatchNorm(2, momentum=0.5, rngs=0)
+        >>> x = jnp.array([[0.0, 4.0], [2.0, 6.0]])
+        >>> y = norm(x)  # training mode: batch mean [1, 5] and variance [1, 1]
+        >>> bool(jnp.allclose(y, jnp.array([[-1.0, -1.0], [1.0, 1.0]]), atol=1e-4))
+        True
+        >>> norm.mean.value.tolist(), norm.var.value.tolist()  # 0.5 * old + 0.5 * batch
+        ([0.5, 2.5], [1.0, 1.0])
+        >>> y = norm.eval()(x)  # evaluation mode: the running averages, unchanged
+        >>> bool(jnp.allclose(y, x - jnp.array([0.5, 2.5]), atol=1e-4))
+        True
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        use_running_average: bool = False,
+        axis: Axes = -1,
+        momentum: float = 0.99,
+        epsilon: float = 1e-5,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        use_bias: bool = True,
+        use_scale: bool = True,
+        bias_init: initializers.Initializer = initializers.zeros,
+        scale_init: initializers.Initializer = initializers.ones,
+        axis_name: Any = None,
+        use_fast_variance: bool = True,
+        rngs: Any = None,
+    ):
+        check_features("BatchNorm", num_features=num_features)
+        if not isinstance(use_running_average, bool):
+            raise TypeError(
+                "BatchNorm: use_running_average must be True or False, got "
+                f"{use_running_average!r}."
+            )
+        self.momentum = _check_number("BatchNorm", "momentum", momentum, 0.0, 1.0)
+        self.epsilon = _check_number("BatchNorm", "epsilon", epsilon, 0.0, math.inf)
+        self.axis = _check_axes("BatchNorm", "axis", axis)
+        rngs = as_rngs(rngs, "BatchNorm")
+        self.mean = BatchStat(jnp.zeros((num_features,), jnp.float32))
+        self.var = BatchStat(jnp.ones((num_features,), jnp.float32))
+        self.scale = _param(scale_init, rngs, num_features, param_dtype) if use_scale else None
+        self.bias = _param(bias_init, rngs, num_features, param_dtype) if use_bias else None
+        self.num_features = num_features
+        self.use_running_average = use_running_average
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.use_bias = use_bias
+        self.use_scale = use_scale
+        self.axis_name = axis_name
+        self.use_fast_variance = use_fast_variance
+
+    def __call__(self, x: jax.Array, use_running_average: bool | None = None) -> jax.Array:
+        """Normalize `x`; the result has the shape of `x`.
+
+        Arguments:
+            x: the input, with `num_features` features along `axis`.
+            use_running_average: override the layer's mode for this call (True: use
+                and keep the running averages; False: use batch statistics and update
+                the running averages).
+        """
+        if use_running_average is None:
+            use_running_average = self.use_running_average
+        elif not isinstance(use_running_average, bool):
+            raise TypeError(
+                "BatchNorm: use_running_average must be True, False or None, got "
+                f"{use_running_average!r}."
+            )
+        shape = jnp.shape(x)
+        features = _input_axes("BatchNorm", "axis", self.axis, shape)
+        _check_feature_size("BatchNorm", "axis", self.axis, features, shape, self.num_features)
+        reduction = tuple(a for a in range(len(shape)) if a not in features)
+        if not use_running_average and not reduction and self.axis_name is None:
+            raise ValueError(
+                f"BatchNorm in training mode needs a batch to take statistics over, but the "
+                f"input of shape {shape} has no axis besides the feature axis. Add a batch "
+                "axis, name the vmap/pmap axis that holds the batch with axis_name=, or "
+                "use the running averages (model.eval() or use_running_average=True)."
+            )
+        scale = None if self.scale is None else self.scale.value
+        bias = None if self.bias is None else self.bias.value
+        x, scale, bias = promote_dtype(x, scale, bias, dtype=self.dtype)
+        if use_running_average:
+            feature_shape = [shape[a] if a in features else 1 for a in range(len(shape))]
+            mean = self.mean.value.reshape(feature_shape)
+            variance = self.var.value.reshape(feature_shape)
+        else:
+            mean, variance = _moments(
+                x,
+                reduction,
+                center=True,
+                fast_variance=self.use_fast_variance,
+                axis_name=self.axis_name,
+            )
+            self.mean.value = self._running_average(self.mean.value, mean)
+            self.var.value = self._running_average(self.var.value, variance)
+        return _normalize(x, mean, variance, scale, bias, features, self.epsilon)
+
+    def _running_average(self, running: jax.Array, batch: jax.Array) -> jax.Array:
+        """The running average after one more batch (no gradient; dtype kept)."""
+        updated = self.momentum * running + (1.0 - self.momentum) * batch.reshape(-1)
+        return lax.stop_gradient(updated).astype(running.dtype)

@@ -1,0 +1,374 @@
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import safetensors
+import safetensors.numpy
+from hypothesis import given
+from hypothesis import strategies as st
+
+import pytree_graph as pg
+from pytree_graph import BatchStat, Param, Variable
+from pytree_nn import Linear, Module, Optimizer, Rngs, load_checkpoint, save_checkpoint
+from pytree_nn._checkpoint import decode_key, encode_path
+
+
+class Everything(Module):
+    """A model with every kind of state a checkpoint keeps."""
+
+    def __init__(self, seed):
+        rng = np.random.default_rng(seed)
+        self.w = Param(jnp.asarray(rng.normal(size=(3, 4)), jnp.float32), sharding=(None, "m"))
+        self.tied = self.w  # shared: stored once, restored for both names
+        self.half = Param(jnp.asarray(rng.normal(size=(5,)), jnp.bfloat16))
+        self.small = Param(jnp.asarray(rng.normal(size=(2, 3)), jnp.float8_e4m3fn))
+        self.nibbles = Variable(jnp.asarray(rng.integers(-8, 8, (4,)), jnp.int4))
+        self.counts = BatchStat(jnp.asarray(rng.integers(0, 9, (2, 2)), jnp.int32))
+        self.flags = Variable(jnp.asarray(rng.integers(0, 2, (3,)), bool))
+        self.scale = Variable(float(seed) + 0.5)
+        self.steps = Variable(seed)
+        self.empty = Param(jnp.zeros((0, 3)))
+        self.raw = jnp.asarray(rng.normal(size=(2,)), jnp.float32)  # a bare array
+        self.layers = [Linear(2, 2, rngs=seed), Linear(2, 2, rngs=seed + 1)]
+        self.table = {"a/b": Param(jnp.full(2, seed, jnp.float32)), "0": Param(jnp.ones(1) * seed)}
+        self.rngs = Rngs(seed)
+
+
+def values(model):
+    flat = pg.state(model).flat_state()
+    return {
+        p: (jax.random.key_data(v.value) if p[-1] == "key" else v.value)
+        if isinstance(v, Variable)
+        else v
+        for p, v in flat.items()
+    }
+
+
+def assert_same_values(a, b):
+    va, vb = values(a), values(b)
+    assert va.keys() == vb.keys()
+    for path in va:
+        x, y = va[path], vb[path]
+        assert type(x) is type(y), path
+        assert np.asarray(x).dtype == np.asarray(y).dtype, path
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=str(path))
+
+
+def snapshot(model):
+    return {p: np.array(v) for p, v in values(model).items()}
+
+
+def assert_unchanged(before, model):
+    after = snapshot(model)
+    assert before.keys() == after.keys()
+    for path, value in before.items():
+        np.testing.assert_array_equal(value, after[path], err_msg=str(path))
+
+
+def test_round_trip_keeps_values_dtypes_types_and_sharing(tmp_path):
+    path = tmp_path / "model.safetensors"
+    saved = Everything(0)
+    saved.rngs()  # advance a stream: counts are state too
+    save_checkpoint(path, saved)
+    model = Everything(1)
+    tied = model.w
+    assert load_checkpoint(path, model) is model
+    assert_same_values(model, saved)
+    assert model.w is tied and model.tied is tied
+    assert model.half.value.dtype == jnp.bfloat16
+    assert model.small.value.dtype == jnp.float8_e4m3fn
+    assert model.nibbles.value.dtype == jnp.int4
+    assert isinstance(model.scale.value, float) and isinstance(model.steps.value, int)
+    assert isinstance(model.raw, jax.Array)
+    assert jax.dtypes.issubdtype(model.rngs.default.key.value.dtype, jax.dtypes.prng_key)
+    assert int(model.rngs.default.count.value) == 1
+    assert model.w.sharding == (None, "m")
+
+
+def test_file_layout_keys_and_header(tmp_path):
+    path = tmp_path / "model.safetensors"
+    save_checkpoint(path, Everything(0))
+    with safetensors.safe_open(path, framework="np") as file:
+        keys = set(file.keys())
+        header = file.metadata()
+    assert {"layers/0/kernel", "table/a~1b", "table/~20", "rngs/default/key"} <= keys
+    assert len({"w", "tied"} & keys) == 1  # the shared Variable, once
+    entries = json.loads(header["entries"])
+    assert header["format"] == "pytree_nn.checkpoint"
+    tied = "tied" if "tied" in keys else "w"
+    assert entries[tied]["type"] == "Param"
+    assert entries[tied]["metadata"] == {"sharding": [None, "m"]}
+    assert entries["half"]["dtype"] == "bfloat16"
+    assert entries["raw"].get("type") is None
+    # bfloat16 is written as safetensors' own BF16, readable by other tools.
+    raw = dict(safetensors.deserialize(path.read_bytes()))
+    assert raw["half"]["dtype"] == "BF16"
+    assert raw["layers/0/kernel"]["dtype"] == "F32"
+    with open(path, "rb") as file:
+        assert b"pickle" not in file.read()
+
+
+@pytest.mark.parametrize(
+    ("path", "key"),
+    [
+        (("layers", 0, "kernel"), "layers/0/kernel"),
+        (("a/b", "c~d"), "a~1b/c~0d"),
+        (("0", 0), "~20/0"),
+        (("", -1), "~2/-1"),
+        (("__metadata__",), "~2__metadata__"),
+        (("~2x",), "~02x"),
+    ],
+)
+def test_key_encoding(path, key):
+    assert encode_path(path) == key
+    assert decode_key(key) == path
+
+
+@given(st.lists(st.one_of(st.text(), st.integers()), min_size=1, max_size=5).map(tuple))
+def test_key_encoding_round_trips(path):
+    key = encode_path(path)
+    assert decode_key(key) == path
+    assert key != "__metadata__"
+
+
+def test_save_a_state_and_load_part_of_a_model(tmp_path):
+    path = tmp_path / "params.safetensors"
+    saved = Everything(0)
+    save_checkpoint(path, pg.state(saved, Param))
+    model = Everything(1)
+    before = model.counts.value
+    load_checkpoint(path, model, Param)
+    np.testing.assert_array_equal(model.w.value, saved.w.value)
+    np.testing.assert_array_equal(model.counts.value, before)  # not a Param: untouched
+    with pytest.raises(ValueError, match=r"\.counts is in the model but not in the checkpoint"):
+        load_checkpoint(path, model)
+
+
+def test_load_into_an_abstract_model(tmp_path):
+    path = tmp_path / "linear.safetensors"
+    saved = Linear(2, 3, rngs=0)
+    save_checkpoint(path, saved)
+    abstract = pg.eval_shape(lambda: Linear(2, 3, rngs=1))
+    assert isinstance(abstract.kernel.value, jax.ShapeDtypeStruct)
+    model = load_checkpoint(path, abstract)
+    np.testing.assert_array_equal(model.kernel.value, saved.kernel.value)
+    assert isinstance(model.kernel.value, jax.Array)
+
+
+@pytest.mark.skipif(len(jax.devices()) < 2, reason="needs two devices")
+def test_load_keeps_each_value_where_it_was(tmp_path):
+    path = tmp_path / "linear.safetensors"
+    save_checkpoint(path, Linear(2, 4, rngs=0))
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("model",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "model"))
+    model = Linear(2, 4, rngs=1)
+    model.kernel.value = jax.device_put(model.kernel.value, sharding)
+    load_checkpoint(path, model)
+    assert model.kernel.value.sharding == sharding
+    np.testing.assert_array_equal(model.kernel.value, Linear(2, 4, rngs=0).kernel.value)
+
+
+def test_optimizer_training_resumes_from_a_checkpoint(tmp_path):
+    path = tmp_path / "optimizer.safetensors"
+    x = jnp.linspace(-1, 1, 16).reshape(8, 2)
+    y = x.sum(axis=1, keepdims=True)
+
+    @pg.jit
+    def step(model, optimizer):
+        grads = pg.grad(lambda m: jnp.mean((m(x) - y) ** 2))(model)
+        optimizer.update(model, grads)
+
+    model = Linear(2, 1, rngs=0)
+    optimizer = Optimizer(model, optax.adam(0.1))
+    for _ in range(3):
+        step(model, optimizer)
+    save_checkpoint(path, optimizer)
+    resumed_model = Linear(2, 1, rngs=5)
+    resumed = load_checkpoint(path, Optimizer(resumed_model, optax.adam(0.1)))
+    assert int(resumed.step.value) == 3
+    for _ in range(3):
+        step(model, optimizer)
+        step(resumed_model, resumed)
+    np.testing.assert_array_equal(resumed_model.kernel.value, model.kernel.value)
+    np.testing.assert_array_equal(
+        resumed.opt_state[0]["nu"]["bias"].value, optimizer.opt_state[0]["nu"]["bias"].value
+    )
+
+
+def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "model.safetensors"
+    save_checkpoint(path, Linear(2, 3, rngs=0))
+    old = path.read_bytes()
+
+    def failing_writer(tensors, filename, metadata=None):
+        with open(filename, "wb") as file:
+            file.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", failing_writer)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(path, Linear(2, 3, rngs=1))
+    assert path.read_bytes() == old
+    assert os.listdir(tmp_path) == ["model.safetensors"]
+
+
+def test_a_failed_rename_leaves_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "model.safetensors"
+    save_checkpoint(path, Linear(2, 3, rngs=0))
+    old = path.read_bytes()
+
+    def interrupted(source, target):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, Linear(2, 3, rngs=1))
+    assert path.read_bytes() == old
+    assert os.listdir(tmp_path) == ["model.safetensors"]
+
+
+def test_save_errors(tmp_path):
+    class Holder(Module):
+        def __init__(self):
+            self.records = Variable((jnp.ones(2), jnp.ones(2)))
+
+    with pytest.raises(TypeError, match=r"Variable at \.records holds a tuple"):
+        save_checkpoint(tmp_path / "a.safetensors", Holder())
+    with pytest.raises(TypeError, match="abstract array"):
+        save_checkpoint(tmp_path / "a.safetensors", pg.eval_shape(lambda: Linear(2, 2, rngs=0)))
+    with pytest.raises(TypeError, match="key of type tuple"):
+        save_checkpoint(tmp_path / "a.safetensors", pg.State({(1, 2): jnp.ones(1)}))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        save_checkpoint(tmp_path / "missing" / "a.safetensors", Linear(2, 2, rngs=0))
+    assert os.listdir(tmp_path) == []
+
+
+class Two(Module):
+    def __init__(self, shape=(2,), dtype=jnp.float32, kind=Param, extra=False, **metadata):
+        self.a = kind(jnp.ones(shape, dtype), **metadata)
+        self.b = Param(jnp.zeros(2))
+        if extra:
+            self.c = Param(jnp.zeros(1))
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (Two(extra=True), r"\.c is in the model but not in the checkpoint"),
+        (Linear(2, 2, rngs=0), r"\.a is in the checkpoint but not in the model"),
+        (Two(shape=(3,)), r"\.a is float32\[3\] in the model but float32\[2\]"),
+        (Two(dtype=jnp.bfloat16), r"\.a is bfloat16\[2\] in the model but float32\[2\]"),
+        (Two(kind=BatchStat), r"\.a is a BatchStat in the model but a Param in the checkpoint"),
+        (Two(tag="x"), r"Param at \.a has metadata \{'tag': 'x'\}"),
+    ],
+    ids=["missing", "extra", "shape", "dtype", "type", "metadata"],
+)
+def test_a_model_of_another_structure_is_refused_and_unchanged(tmp_path, model, message):
+    path = tmp_path / "two.safetensors"
+    save_checkpoint(path, Two())
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=message):
+        load_checkpoint(path, model)
+    assert_unchanged(before, model)
+
+
+def test_bare_array_and_variable_differ(tmp_path):
+    class Bare(Module):
+        def __init__(self):
+            self.a = jnp.ones(2)
+            self.b = Param(jnp.zeros(2))
+
+    path = tmp_path / "two.safetensors"
+    save_checkpoint(path, Two())
+    with pytest.raises(ValueError, match=r"\.a is a bare array in the model but a Param"):
+        load_checkpoint(path, Bare())
+    save_checkpoint(path, Bare())
+    with pytest.raises(ValueError, match=r"\.a is a Param in the model but a bare array"):
+        load_checkpoint(path, Two())
+
+
+def test_metadata_check_can_be_turned_off(tmp_path):
+    path = tmp_path / "two.safetensors"
+    save_checkpoint(path, Two(tag="saved"))
+    model = Two(tag="mine")
+    model.a.value = jnp.zeros(2)
+    load_checkpoint(path, model, check_metadata=False)
+    np.testing.assert_array_equal(model.a.value, jnp.ones(2))
+    assert model.a.tag == "mine"
+
+
+def test_every_problem_is_listed(tmp_path):
+    path = tmp_path / "two.safetensors"
+    save_checkpoint(path, Two())
+    with pytest.raises(
+        ValueError, match=r"\.c is in the model .*; \.a is float32\[3\] in the model"
+    ):
+        load_checkpoint(path, Two(shape=(3,), extra=True))
+
+
+def corrupt_files(tmp_path):
+    path = tmp_path / "good.safetensors"
+    save_checkpoint(path, Everything(0))
+    content = path.read_bytes()
+    header_end = 8 + int.from_bytes(content[:8], "little")
+    flipped = bytearray(content)
+    flipped[header_end + 3] ^= 0xFF  # one byte of the first array
+    files = {
+        "truncated": content[:-7],
+        "cut in the header": content[: header_end // 2],
+        "flipped byte": bytes(flipped),
+        "empty": b"",
+        "garbage": b"not a checkpoint at all",
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    return files
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("truncated", "truncated or corrupt"),
+        ("cut in the header", "truncated or corrupt"),
+        ("flipped byte", "is corrupt"),
+        ("empty", "truncated or corrupt"),
+        ("garbage", "truncated or corrupt"),
+    ],
+)
+def test_a_corrupt_file_is_refused_and_changes_nothing(tmp_path, name, message):
+    corrupt_files(tmp_path)
+    model = Everything(1)
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=message):
+        load_checkpoint(tmp_path / name, model)
+    assert_unchanged(before, model)
+
+
+def test_other_safetensors_files_are_refused(tmp_path):
+    plain = tmp_path / "plain.safetensors"
+    safetensors.numpy.save_file({"a": np.ones(2, np.float32)}, plain)
+    with pytest.raises(ValueError, match="not one written by save_checkpoint"):
+        load_checkpoint(plain, Two())
+    newer = tmp_path / "newer.safetensors"
+    header = {"format": "pytree_nn.checkpoint", "format_version": "99", "entries": "{}"}
+    safetensors.numpy.save_file({"a": np.ones(2, np.float32)}, newer, metadata=header)
+    with pytest.raises(ValueError, match="format version '99'"):
+        load_checkpoint(newer, Two())
+
+
+def test_orbax_with_state_and_update(tmp_path):
+    ocp = pytest.importorskip("orbax.checkpoint")
+    saved = Linear(2, 3, rngs=0)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(tmp_path / "orbax", pg.state(saved).to_pure_dict())
+    checkpointer.wait_until_finished()
+    model = Linear(2, 3, rngs=1)
+    state = pg.state(model)
+    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, state.to_pure_dict())
+    restored = checkpointer.restore(tmp_path / "orbax", target)
+    pg.update(model, state.replace_by_pure_dict(restored))
+    np.testing.assert_array_equal(model.kernel.value, saved.kernel.value)
