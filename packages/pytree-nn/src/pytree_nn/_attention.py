@@ -12,8 +12,10 @@ from pytree_graph import Cache, Param
 from pytree_module import data
 
 from . import initializers
+from ._checks import check_features
+from ._dropout import drop
 from ._dtypes import promote_dtype
-from ._linear import check_features, default_kernel_init
+from ._linear import default_kernel_init
 from ._module import Module
 from ._rngs import as_rngs
 
@@ -274,14 +276,9 @@ def dot_product_attention(
     weights = jax.nn.softmax(logits.astype(softmax_dtype), axis=-1).astype(dtype)
 
     if dropping:
-        keep_prob = 1.0 - dropout_rate
-        if broadcast_dropout:
-            mask_shape = (1,) * (weights.ndim - 2) + weights.shape[-2:]
-        else:
-            mask_shape = weights.shape
-        keep = jax.random.bernoulli(dropout_rng, keep_prob, mask_shape)
-        scale = 1.0 / keep_prob if keep_prob > 0.0 else 0.0
-        weights = weights * (keep.astype(dtype) * jnp.asarray(scale, dtype))
+        # One mask for every batch entry and head: broadcast over all but (q, k).
+        broadcast_dims = range(weights.ndim - 2) if broadcast_dropout else ()
+        weights = drop(dropout_rng, weights, dropout_rate, broadcast_dims)
 
     return jnp.einsum("...hqk,...khd->...qhd", weights, value, precision=precision)
 

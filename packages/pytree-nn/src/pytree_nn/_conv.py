@@ -9,11 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pytree_graph import Param
-
 from . import initializers
+from ._checks import check_features, check_input
 from ._dtypes import promote_dtype
-from ._linear import check_features, check_input, default_kernel_init
+from ._linear import default_kernel_init, kernel_and_bias
 from ._module import Module
 from ._rngs import as_rngs
 
@@ -147,8 +146,27 @@ def _dimension_numbers(rank: int) -> lax.ConvDimensionNumbers:
     return lax.ConvDimensionNumbers(features, kernel, features)
 
 
-def _dilated(size: int, dilation: int) -> int:
-    return (size - 1) * dilation + 1
+def _dilated_kernel_size(layer: Any) -> list[int]:
+    """The spatial size of `layer`'s kernel once `kernel_dilation` spreads it out."""
+    return [(k - 1) * d + 1 for k, d in zip(layer.kernel_size, layer.kernel_dilation, strict=True)]
+
+
+def _check_causal(layer: str, padding: Any, kernel_size: tuple[int, ...]) -> None:
+    """Refuse `"CAUSAL"` padding for more than one spatial dimension: it pads time only."""
+    if padding == "CAUSAL" and len(kernel_size) != 1:
+        raise ValueError(
+            f"{layer}: padding='CAUSAL' is for 1-D convolutions, but kernel_size={kernel_size} "
+            "has several spatial dimensions; give explicit (low, high) pairs instead."
+        )
+
+
+def _promoted_params(layer: Any, inputs: jax.Array) -> list[Any]:
+    """`inputs`, `layer`'s kernel (times its `mask`, if any) and bias, in one dtype."""
+    kernel = layer.kernel.value
+    if layer.mask is not None:
+        kernel = kernel * layer.mask.astype(kernel.dtype)
+    bias = layer.bias.value if layer.bias is not None else None
+    return promote_dtype(inputs, kernel, bias, dtype=layer.dtype)
 
 
 def _check_mask(layer: str, mask: Any, kernel_shape: tuple[int, ...]) -> jax.Array | None:
@@ -248,11 +266,7 @@ class Conv(Module):
                     f"feature_group_count={feature_group_count}; each group needs the same "
                     "number of features."
                 )
-        if padding == "CAUSAL" and rank != 1:
-            raise ValueError(
-                f"Conv: padding='CAUSAL' is for 1-D convolutions, but kernel_size={kernel_size} "
-                "has several spatial dimensions; give explicit (low, high) pairs instead."
-            )
+        _check_causal("Conv", padding, kernel_size)
         if padding == "SAME" and any(d > 1 for d in input_dilation):
             raise ValueError(
                 f"Conv: padding='SAME' cannot be combined with input_dilation={input_dilation}; "
@@ -261,9 +275,8 @@ class Conv(Module):
         kernel_shape = (*kernel_size, in_features // feature_group_count, out_features)
         mask = _check_mask("Conv", mask, kernel_shape)
         rngs = as_rngs(rngs, "Conv")
-        self.kernel = Param(kernel_init(rngs.params(), kernel_shape, param_dtype))
-        self.bias = (
-            Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias else None
+        self.kernel, self.bias = kernel_and_bias(
+            kernel_init, bias_init, kernel_shape, out_features, use_bias, param_dtype, rngs
         )
         self.in_features = in_features
         self.out_features = out_features
@@ -284,16 +297,10 @@ class Conv(Module):
         inputs, batch_shape = merge_batch_dims("Conv", x, len(self.kernel_size))
         spatial = inputs.shape[1:-1]
         check_input("Conv", x, -1, self.in_features, "in_features")
-        kernel = self.kernel.value
-        if self.mask is not None:
-            kernel = kernel * self.mask.astype(kernel.dtype)
-        bias = self.bias.value if self.bias is not None else None
-        inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
+        inputs, kernel, bias = _promoted_params(self, inputs)
         padding = self.padding
         if padding in ("CIRCULAR", "REFLECT", "CAUSAL"):
-            sizes = [
-                _dilated(k, d) for k, d in zip(self.kernel_size, self.kernel_dilation, strict=True)
-            ]
+            sizes = _dilated_kernel_size(self)
             if padding == "CAUSAL":
                 pads = [(sizes[0] - 1, 0)]
             else:
@@ -411,19 +418,13 @@ class ConvTranspose(Module):
         strides = spatial_tuple(layer, "strides", strides, rank)
         kernel_dilation = spatial_tuple(layer, "kernel_dilation", kernel_dilation, rank)
         padding = canonical_padding(layer, padding, rank, _TRANSPOSE_PADDINGS)
-        if padding == "CAUSAL" and rank != 1:
-            raise ValueError(
-                f"{layer}: padding='CAUSAL' is for 1-D convolutions, but "
-                f"kernel_size={kernel_size} has several spatial dimensions; give explicit "
-                "(low, high) pairs instead."
-            )
+        _check_causal(layer, padding, kernel_size)
         features = (out_features, in_features) if transpose_kernel else (in_features, out_features)
         kernel_shape = (*kernel_size, *features)
         mask = _check_mask(layer, mask, kernel_shape)
         rngs = as_rngs(rngs, layer)
-        self.kernel = Param(kernel_init(rngs.params(), kernel_shape, param_dtype))
-        self.bias = (
-            Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias else None
+        self.kernel, self.bias = kernel_and_bias(
+            kernel_init, bias_init, kernel_shape, out_features, use_bias, param_dtype, rngs
         )
         self.in_features = in_features
         self.out_features = out_features
@@ -442,14 +443,8 @@ class ConvTranspose(Module):
         """Apply the layer to `x`, of shape `(*batch, *spatial, in_features)`."""
         inputs, batch_shape = merge_batch_dims("ConvTranspose", x, len(self.kernel_size))
         check_input("ConvTranspose", x, -1, self.in_features, "in_features")
-        kernel = self.kernel.value
-        if self.mask is not None:
-            kernel = kernel * self.mask.astype(kernel.dtype)
-        bias = self.bias.value if self.bias is not None else None
-        inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
-        sizes = [
-            _dilated(k, d) for k, d in zip(self.kernel_size, self.kernel_dilation, strict=True)
-        ]
+        inputs, kernel, bias = _promoted_params(self, inputs)
+        sizes = _dilated_kernel_size(self)
         padding = self.padding
         if padding == "CIRCULAR":
             padding = "VALID"

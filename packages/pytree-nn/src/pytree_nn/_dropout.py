@@ -1,5 +1,6 @@
 """`Dropout`."""
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -9,6 +10,24 @@ from pytree_module import data
 
 from ._module import Module
 from ._rngs import as_rngs
+
+
+def drop(
+    key: jax.Array, x: jax.Array, rate: float, broadcast_dims: Sequence[int] = ()
+) -> jax.Array:
+    """`x` with elements zeroed with probability `rate`, the rest scaled by `1 / (1 - rate)`.
+
+    One mask is shared along `broadcast_dims`. `Dropout` and attention dropout both use it,
+    so the two draw the same masks from the same key.
+    """
+    if rate == 1.0:
+        return jnp.zeros_like(x)
+    shape = list(jnp.shape(x))
+    for axis in broadcast_dims:
+        shape[axis] = 1
+    keep = 1.0 - rate
+    mask = jax.random.bernoulli(key, keep, tuple(shape))
+    return jnp.where(mask, x / keep, jnp.zeros_like(x))
 
 
 class Dropout(Module):
@@ -70,6 +89,7 @@ class Dropout(Module):
         if deterministic or self.rate == 0.0:
             return x
         if self.rate == 1.0:
+            # Everything is dropped: no keys needed.
             return jnp.zeros_like(x)
         rngs = self.rngs if rngs is None else as_rngs(rngs, "Dropout")
         if rngs is None:
@@ -79,9 +99,4 @@ class Dropout(Module):
                 "deterministic=True)."
             )
         key = getattr(rngs, self.rng_collection)()
-        shape = list(jnp.shape(x))
-        for axis in self.broadcast_dims:
-            shape[axis] = 1
-        keep = 1.0 - self.rate
-        mask = jax.random.bernoulli(key, keep, tuple(shape))
-        return jnp.where(mask, x / keep, jnp.zeros_like(x))
+        return drop(key, x, self.rate, self.broadcast_dims)

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 from pytree_graph import Param
 
 from . import initializers
+from ._checks import check_features, check_input
 from ._dtypes import promote_dtype
-from ._linear import check_features, check_input
 from ._module import Module
 from ._rngs import as_rngs
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from pytree_graph import Param
 
 from . import initializers
+from ._checks import check_features, check_input
 from ._dtypes import promote_dtype
 from ._module import Module
 from ._rngs import as_rngs
@@ -17,21 +18,19 @@ from ._rngs import as_rngs
 default_kernel_init = initializers.lecun_normal()
 
 
-def check_features(layer: str, **sizes: Any) -> None:
-    """Refuse sizes that are not positive ints, naming the argument."""
-    for name, size in sizes.items():
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"{layer}: {name} must be a positive int, got {size!r}.")
-
-
-def check_input(layer: str, x: Any, axis: int, expected: int, name: str) -> None:
-    """Refuse an input whose `axis` is not of size `expected`, naming the argument."""
-    shape = jnp.shape(x)
-    if not shape or shape[axis] != expected:
-        raise ValueError(
-            f"{layer} expects inputs whose last dimension is {name}={expected}, got an "
-            f"input of shape {shape}."
-        )
+def kernel_and_bias(
+    kernel_init: initializers.Initializer,
+    bias_init: initializers.Initializer,
+    kernel_shape: tuple[int, ...],
+    out_features: int,
+    use_bias: bool,
+    param_dtype: Any,
+    rngs: Any,
+) -> tuple[Param, Param | None]:
+    """A layer's `kernel` and `bias` (None without `use_bias`), keys from `rngs.params`."""
+    kernel = Param(kernel_init(rngs.params(), kernel_shape, param_dtype))
+    bias = Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias else None
+    return kernel, bias
 
 
 class Linear(Module):
@@ -71,9 +70,14 @@ class Linear(Module):
     ):
         check_features("Linear", in_features=in_features, out_features=out_features)
         rngs = as_rngs(rngs, "Linear")
-        self.kernel = Param(kernel_init(rngs.params(), (in_features, out_features), param_dtype))
-        self.bias = (
-            Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias else None
+        self.kernel, self.bias = kernel_and_bias(
+            kernel_init,
+            bias_init,
+            (in_features, out_features),
+            out_features,
+            use_bias,
+            param_dtype,
+            rngs,
         )
         self.in_features = in_features
         self.out_features = out_features

@@ -11,8 +11,8 @@ from jax import lax
 from pytree_graph import BatchStat, Param
 
 from . import initializers
+from ._checks import check_features, check_number
 from ._dtypes import promote_dtype
-from ._linear import check_features
 from ._module import Module
 from ._rngs import as_rngs
 
@@ -31,14 +31,6 @@ def _check_axes(layer: str, name: str, axes: Any) -> int | tuple[int, ...]:
     if sequence and axes and all(is_int(a) for a in axes):
         return tuple(axes)
     raise TypeError(f"{layer}: {name} must be an int or a tuple of ints, got {axes!r}.")
-
-
-def _check_number(layer: str, name: str, value: Any, low: float, high: float) -> float:
-    """Refuse a value that is not a real number in [low, high], naming the argument."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        bounds = f"in [{low}, {high}]" if high != math.inf else f">= {low}"
-        raise ValueError(f"{layer}: {name} must be a number {bounds}, got {value!r}.")
-    return float(value)
 
 
 def _input_axes(layer: str, name: str, axes: int | tuple[int, ...], shape: tuple) -> tuple:
@@ -63,6 +55,15 @@ def _check_feature_size(
             f"{shape} has {size} features along {name}={axes!r}. Pass inputs with "
             f"{num_features} features there, or build the layer with num_features={size}."
         )
+
+
+def _feature_axes(
+    layer: str, name: str, axes: Any, shape: tuple, num_features: int
+) -> tuple[int, ...]:
+    """The input's feature axes `axes`, after checking they hold `num_features` values."""
+    features = _input_axes(layer, name, axes, shape)
+    _check_feature_size(layer, name, axes, features, shape, num_features)
+    return features
 
 
 def _squared_magnitude(x: jax.Array) -> jax.Array:
@@ -128,7 +129,14 @@ def _normalize(
 
 
 def _param(init: initializers.Initializer, rngs: Any, size: int, dtype: Any) -> Param:
+    """A `(size,)` Param drawn from `init`, with a key from `rngs.params`."""
     return Param(init(rngs.params(), (size,), dtype))
+
+
+def _promoted(x: jax.Array, scale: Param | None, bias: Param | None, dtype: Any) -> list[Any]:
+    """`x` and the values of `scale` and `bias` (None where absent), in one dtype."""
+    values = [None if param is None else param.value for param in (scale, bias)]
+    return promote_dtype(x, *values, dtype=dtype)
 
 
 class LayerNorm(Module):
@@ -188,7 +196,7 @@ class LayerNorm(Module):
         rngs: Any = None,
     ):
         check_features("LayerNorm", num_features=num_features)
-        self.epsilon = _check_number("LayerNorm", "epsilon", epsilon, 0.0, math.inf)
+        self.epsilon = check_number("LayerNorm", "epsilon", epsilon, 0.0, math.inf)
         self.reduction_axes = _check_axes("LayerNorm", "reduction_axes", reduction_axes)
         self.feature_axes = _check_axes("LayerNorm", "feature_axes", feature_axes)
         rngs = as_rngs(rngs, "LayerNorm")
@@ -206,13 +214,10 @@ class LayerNorm(Module):
         """Normalize `x`; the result has the shape of `x`."""
         shape = jnp.shape(x)
         reduction = _input_axes("LayerNorm", "reduction_axes", self.reduction_axes, shape)
-        features = _input_axes("LayerNorm", "feature_axes", self.feature_axes, shape)
-        _check_feature_size(
-            "LayerNorm", "feature_axes", self.feature_axes, features, shape, self.num_features
+        features = _feature_axes(
+            "LayerNorm", "feature_axes", self.feature_axes, shape, self.num_features
         )
-        scale = None if self.scale is None else self.scale.value
-        bias = None if self.bias is None else self.bias.value
-        x, scale, bias = promote_dtype(x, scale, bias, dtype=self.dtype)
+        x, scale, bias = _promoted(x, self.scale, self.bias, self.dtype)
         mean, variance = _moments(
             x,
             reduction,
@@ -267,7 +272,7 @@ class RMSNorm(Module):
         rngs: Any = None,
     ):
         check_features("RMSNorm", num_features=num_features)
-        self.epsilon = _check_number("RMSNorm", "epsilon", epsilon, 0.0, math.inf)
+        self.epsilon = check_number("RMSNorm", "epsilon", epsilon, 0.0, math.inf)
         self.reduction_axes = _check_axes("RMSNorm", "reduction_axes", reduction_axes)
         self.feature_axes = _check_axes("RMSNorm", "feature_axes", feature_axes)
         rngs = as_rngs(rngs, "RMSNorm")
@@ -282,12 +287,10 @@ class RMSNorm(Module):
         """Normalize `x`; the result has the shape of `x`."""
         shape = jnp.shape(x)
         reduction = _input_axes("RMSNorm", "reduction_axes", self.reduction_axes, shape)
-        features = _input_axes("RMSNorm", "feature_axes", self.feature_axes, shape)
-        _check_feature_size(
-            "RMSNorm", "feature_axes", self.feature_axes, features, shape, self.num_features
+        features = _feature_axes(
+            "RMSNorm", "feature_axes", self.feature_axes, shape, self.num_features
         )
-        scale = None if self.scale is None else self.scale.value
-        x, scale = promote_dtype(x, scale, dtype=self.dtype)
+        x, scale, _ = _promoted(x, self.scale, None, self.dtype)
         _, mean_square = _moments(
             x, reduction, center=False, fast_variance=True, axis_name=self.axis_name
         )
@@ -377,7 +380,7 @@ class GroupNorm(Module):
                 f"GroupNorm: {given}={value} does not divide num_features={num_features}; "
                 f"use one of {_divisors(num_features)}."
             )
-        self.epsilon = _check_number("GroupNorm", "epsilon", epsilon, 0.0, math.inf)
+        self.epsilon = check_number("GroupNorm", "epsilon", epsilon, 0.0, math.inf)
         self.reduction_axes = (
             None
             if reduction_axes is None
@@ -415,9 +418,7 @@ class GroupNorm(Module):
                     f"GroupNorm: reduction_axes={self.reduction_axes!r} must include the "
                     "channel axis (the last axis, -1)."
                 )
-        scale = None if self.scale is None else self.scale.value
-        bias = None if self.bias is None else self.bias.value
-        x, scale, bias = promote_dtype(x, scale, bias, dtype=self.dtype)
+        x, scale, bias = _promoted(x, self.scale, self.bias, self.dtype)
         # Split the channels into (num_groups, group_size): axes `last` and `last + 1`.
         grouped = x.reshape(*shape[:-1], self.num_groups, self.group_size)
         mean, variance = _moments(
@@ -502,8 +503,8 @@ class BatchNorm(Module):
                 "BatchNorm: use_running_average must be True or False, got "
                 f"{use_running_average!r}."
             )
-        self.momentum = _check_number("BatchNorm", "momentum", momentum, 0.0, 1.0)
-        self.epsilon = _check_number("BatchNorm", "epsilon", epsilon, 0.0, math.inf)
+        self.momentum = check_number("BatchNorm", "momentum", momentum, 0.0, 1.0)
+        self.epsilon = check_number("BatchNorm", "epsilon", epsilon, 0.0, math.inf)
         self.axis = _check_axes("BatchNorm", "axis", axis)
         rngs = as_rngs(rngs, "BatchNorm")
         self.mean = BatchStat(jnp.zeros((num_features,), jnp.float32))
@@ -536,8 +537,7 @@ class BatchNorm(Module):
                 f"{use_running_average!r}."
             )
         shape = jnp.shape(x)
-        features = _input_axes("BatchNorm", "axis", self.axis, shape)
-        _check_feature_size("BatchNorm", "axis", self.axis, features, shape, self.num_features)
+        features = _feature_axes("BatchNorm", "axis", self.axis, shape, self.num_features)
         reduction = tuple(a for a in range(len(shape)) if a not in features)
         if not use_running_average and not reduction and self.axis_name is None:
             raise ValueError(
@@ -546,9 +546,7 @@ class BatchNorm(Module):
                 "axis, name the vmap/pmap axis that holds the batch with axis_name=, or "
                 "use the running averages (model.eval() or use_running_average=True)."
             )
-        scale = None if self.scale is None else self.scale.value
-        bias = None if self.bias is None else self.bias.value
-        x, scale, bias = promote_dtype(x, scale, bias, dtype=self.dtype)
+        x, scale, bias = _promoted(x, self.scale, self.bias, self.dtype)
         if use_running_average:
             feature_shape = [shape[a] if a in features else 1 for a in range(len(shape))]
             mean = self.mean.value.reshape(feature_shape)

@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 
 from . import initializers
+from ._checks import check_features, check_input
 from ._dtypes import promote_dtype
-from ._linear import Linear, check_features, check_input, default_kernel_init
+from ._linear import Linear, default_kernel_init
 from ._module import Module
 from ._rngs import as_rngs
 
