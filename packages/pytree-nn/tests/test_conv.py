@@ -404,6 +404,10 @@ def test_conv_transpose_is_the_adjoint_of_conv(case, padding):
     expected = expected + np.asarray(layer.bias.value)
     assert y.shape == (*batch, *expected.shape[1:])
     np.testing.assert_allclose(flat(y, rank), expected, rtol=1e-5, atol=1e-5)
+    if padding == "CIRCULAR":
+        # Without transpose_kernel the periodic output is folded to line up with "SAME"
+        # instead (test_circular_conv_transpose_is_same_away_from_the_wrap_around).
+        return
     # Without transpose_kernel, the kernel is read flipped, with its feature axes swapped.
     plain = ConvTranspose(
         3,
@@ -592,3 +596,17 @@ def test_pooling_errors():
         avg_pool(jnp.ones((2, 0, 3)), (1,))
     with pytest.raises(TypeError, match="cannot order elements of dtype complex64"):
         max_pool(jnp.ones((4, 1), jnp.complex64), (2,))
+
+
+@pytest.mark.parametrize("strides", [1, 2, 3])
+@pytest.mark.parametrize("kernel_size", [2, 3, 4, 5])
+def test_circular_conv_transpose_is_same_away_from_the_wrap_around(kernel_size, strides):
+    # Without transpose_kernel the periodic output lines up with the "SAME" one: an impulse
+    # in the middle of the signal gives the same response in both.
+    impulse = jnp.zeros((2, 12, 2)).at[:, 6].set(1.0)
+    for dilation in (1, 2):
+        options = dict(strides=strides, kernel_dilation=dilation, **EXACT, rngs=0)
+        circular = ConvTranspose(2, 3, kernel_size, padding="CIRCULAR", **options)
+        same = ConvTranspose(2, 3, kernel_size, padding="SAME", **options)
+        same.kernel.value = circular.kernel.value
+        np.testing.assert_allclose(circular(impulse), same(impulse), rtol=1e-6, atol=1e-6)

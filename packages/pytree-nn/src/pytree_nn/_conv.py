@@ -367,7 +367,8 @@ class ConvTranspose(Module):
         kernel_size: the kernel's spatial shape; a single int means one dimension.
         strides: the upsampling factor: an int, or one int per spatial dimension.
         padding: `"SAME"`, `"VALID"`, `"CIRCULAR"` (periodic: with
-            `transpose_kernel=True`, exactly the transpose of `Conv(padding="CIRCULAR")`),
+            `transpose_kernel=True`, exactly the transpose of `Conv(padding="CIRCULAR")`;
+            without it, the `"SAME"` output away from the wrap-around),
             `"CAUSAL"` (1-D only: output `t` sees inputs up to `t // strides`), an int, or
             one int or `(low, high)` pair per spatial dimension.
         kernel_dilation: spacing between kernel elements.
@@ -461,10 +462,15 @@ class ConvTranspose(Module):
             precision=self.precision,
         )
         if self.padding == "CIRCULAR":
-            # The full (VALID) output is the transpose of a convolution of the circularly
-            # padded signal; folding it back onto one period undoes that padding.
+            # The full (VALID) output folded back onto one period of n * s. The shift makes
+            # the output the exact transpose of a circular Conv with `transpose_kernel`, and
+            # line up with the "SAME" output away from the wrap-around without it.
             periods = [n * s for n, s in zip(inputs.shape[1:-1], self.strides, strict=True)]
-            y = _fold_periodic(y, periods, [(k - 1) // 2 for k in sizes])
+            if self.transpose_kernel:
+                shifts = [(k - 1) // 2 for k in sizes]
+            else:
+                shifts = [max(k - s, 0) // 2 for k, s in zip(sizes, self.strides, strict=True)]
+            y = _fold_periodic(y, periods, shifts)
         check_not_empty(
             "ConvTranspose", inputs.shape[1:-1], y, "use more padding or a smaller kernel_size"
         )
