@@ -210,23 +210,24 @@ def layer_norm(p: dict[str, jax.Array], name: str, x: jax.Array) -> jax.Array:
     return normed * p[f"{name}/scale"] + p[f"{name}/bias"]
 
 
-def attention(p: dict[str, jax.Array], name: str, x: jax.Array) -> jax.Array:
-    def heads(part: str) -> jax.Array:
+def attention(p: dict[str, jax.Array], name: str, x: jax.Array, mask: jax.Array) -> jax.Array:
+    def project(part: str, x: jax.Array, axes: int) -> jax.Array:
         kernel, bias = p[f"{name}/{part}/kernel"], p[f"{name}/{part}/bias"]
-        return jnp.einsum("bsd,dhk->bshk", x, kernel) + bias
+        return jnp.tensordot(x, kernel, axes=axes) + bias
 
-    q, k, v = heads("query"), heads("key"), heads("value")
+    q, k, v = (project(part, x, 1) for part in ("query", "key", "value"))
     logits = jnp.einsum("bqhk,bshk->bhqs", q / math.sqrt(q.shape[-1]), k)
-    logits = jnp.where(causal_mask(x.shape[-2]), logits, jnp.finfo(logits.dtype).min)
+    logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
     mixed = jnp.einsum("bhqs,bshk->bqhk", jax.nn.softmax(logits, axis=-1), v)
-    return jnp.einsum("bqhk,hkd->bqd", mixed, p[f"{name}/out/kernel"]) + p[f"{name}/out/bias"]
+    return project("out", mixed, 2)
 
 
 def transformer_forward(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
     depth = len({key.split("/")[1] for key in p})
+    mask = causal_mask(x.shape[-2])[None, None]  # made once, as the layered forms do
     for i in range(depth):
         block = f"blocks/{i}"
-        x = x + attention(p, f"{block}/attn", layer_norm(p, f"{block}/ln1", x))
+        x = x + attention(p, f"{block}/attn", layer_norm(p, f"{block}/ln1", x), mask)
         h = jax.nn.gelu(dense(p, f"{block}/up", layer_norm(p, f"{block}/ln2", x)))
         x = x + dense(p, f"{block}/down", h)
     return x
@@ -318,9 +319,9 @@ if eqx is not None:
             self.up = _equinox_linear(p, f"{name}/up")
             self.down = _equinox_linear(p, f"{name}/down")
 
-        def __call__(self, x: jax.Array) -> jax.Array:  # one (sequence, width) example
+        def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:  # one example
             h = jax.vmap(self.ln1)(x)
-            x = x + self.attn(h, h, h, mask=causal_mask(x.shape[0]))
+            x = x + self.attn(h, h, h, mask=mask)
             h = jax.nn.gelu(jax.vmap(self.up)(jax.vmap(self.ln2)(x)))
             return x + jax.vmap(self.down)(h)
 
@@ -332,8 +333,9 @@ if eqx is not None:
             self.blocks = [EquinoxBlock(p, f"blocks/{i}") for i in range(depth)]
 
         def __call__(self, x: jax.Array) -> jax.Array:
+            mask = causal_mask(x.shape[0])
             for block in self.blocks:
-                x = block(x)
+                x = block(x, mask)
             return x
 
 
@@ -774,7 +776,7 @@ def report(results: Results, invocation: Invocation) -> str:
         "others (the loss before and after it) before timing."
     )
     lines = report_head(
-        invocation,
+        dataclasses.replace(invocation, settings=settings),
         "pytree_nn: training steps vs hand-written JAX + optax, Equinox and Flax NNX",
         description,
         results.runner.rows,
