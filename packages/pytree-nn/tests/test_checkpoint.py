@@ -1,5 +1,6 @@
 import json
 import os
+import stat
 
 import jax
 import jax.numpy as jnp
@@ -372,3 +373,17 @@ def test_orbax_with_state_and_update(tmp_path):
     restored = checkpointer.restore(tmp_path / "orbax", target)
     pg.update(model, state.replace_by_pure_dict(restored))
     np.testing.assert_array_equal(model.kernel.value, saved.kernel.value)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
+def test_new_files_follow_the_umask_and_rewrites_keep_the_mode(tmp_path):
+    path = tmp_path / "model.safetensors"
+    previous = os.umask(0o022)
+    try:
+        save_checkpoint(path, Linear(2, 3, rngs=0))
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    path.chmod(0o600)
+    save_checkpoint(path, Linear(2, 3, rngs=1))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600

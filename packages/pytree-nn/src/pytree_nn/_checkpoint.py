@@ -4,6 +4,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import uuid
 import zlib
 from collections.abc import Mapping
@@ -197,6 +198,16 @@ def save_checkpoint(path: str | os.PathLike, model_or_state: Any) -> None:
     _write_atomically(os.fspath(path), tensors, header)
 
 
+def _file_mode(path: str) -> int:
+    """The permission bits for a checkpoint written at `path`."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)  # reading the umask means setting it: put it straight back
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def _write_atomically(path: str, tensors: dict[str, np.ndarray], header: dict[str, str]) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
@@ -208,6 +219,9 @@ def _write_atomically(path: str, tensors: dict[str, np.ndarray], header: dict[st
     temporary = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
     try:
         safetensors.numpy.save_file(tensors, temporary, metadata=header)
+        # safetensors creates files readable by their owner only; give the checkpoint the
+        # mode of the file it replaces, or that of any new file (the umask applied).
+        os.chmod(temporary, _file_mode(path))
         with open(temporary, "rb+") as file:
             file.flush()
             os.fsync(file.fileno())
