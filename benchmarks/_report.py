@@ -12,6 +12,7 @@ not measured.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -51,12 +52,37 @@ class Invocation:
         quick: whether this is a ``--quick`` smoke run.
         header: the report's bullet lines describing the machine (and a quick run).
         command: the command line, as the report shows it.
+        tables: every table of the report by title, as `report_head` and `record_table`
+            saw them; `run_script` writes them next to the report as JSON, which
+            ``run_all.py`` reads to summarise and plot every benchmark.
     """
 
     settings: Settings
     quick: bool
     header: list[str]
     command: str
+    tables: dict[str, list[Row]] = dataclasses.field(default_factory=dict)
+
+
+def record_table(invocation: Invocation, title: str, rows: Sequence[Row]) -> None:
+    """Keep a table of the report for its JSON form (`report_head` keeps its own)."""
+    invocation.tables[title] = list(rows)
+
+
+def report_json(invocation: Invocation, title: str) -> str:
+    """The report's tables as JSON: title, header lines, command and the rows of each table."""
+    tables = [
+        {"title": name, "rows": [dataclasses.asdict(row) for row in rows]}
+        for name, rows in invocation.tables.items()
+    ]
+    document = {
+        "title": title,
+        "header": invocation.header,
+        "command": invocation.command,
+        "quick": invocation.quick,
+        "tables": tables,
+    }
+    return json.dumps(document, indent=1, ensure_ascii=False) + "\n"
 
 
 def results_path(script: str) -> Path:
@@ -78,7 +104,8 @@ def run_script(
     ``script`` is the benchmark's ``__file__`` and ``doc`` its docstring, whose first line
     describes the command. ``versions`` are those of the packages it measures, shown between
     JAX's and NumPy's. A full run writes the report to ``results/NAME.md`` next to the script
-    ``bench_NAME.py``, or where ``--out`` says.
+    ``bench_NAME.py``, or where ``--out`` says, and its tables to the same path with the
+    suffix ``.json``.
     """
     default_out = results_path(script)
     out, settings, quick = parse_options(argv, doc.split("\n")[0], default_out, quick_help)
@@ -88,12 +115,15 @@ def run_script(
     if quick:
         header.append("- Quick smoke run (`--quick`): few repeats, not for quoting.")
     command = f"python benchmarks/{Path(script).name}" + (" --quick" if quick else "")
-    text = benchmark(Invocation(settings, quick, header, command))
+    invocation = Invocation(settings, quick, header, command)
+    text = benchmark(invocation)
     print(text)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text, encoding="utf-8")
-        log(f"wrote {out}")
+        title = text.split("\n", 1)[0].removeprefix("# ")
+        out.with_suffix(".json").write_text(report_json(invocation, title), encoding="utf-8")
+        log(f"wrote {out} and {out.with_suffix('.json').name}")
     return 0
 
 
@@ -134,6 +164,16 @@ def spread_lines(timings: Mapping[str, Timing]) -> list[str]:
     ]
 
 
+def section(name: str, lines: Sequence[str]) -> list[str]:
+    """``lines`` between the markers that let the docs include them by name.
+
+    The docs' benchmarks page shows the reports' parts with ``--8<-- "FILE:NAME"``
+    (pymdownx.snippets), so it always shows the figures of the last full run; the markers
+    are HTML comments, invisible where the markdown is rendered.
+    """
+    return [f"<!-- --8<-- [start:{name}] -->", *lines, f"<!-- --8<-- [end:{name}] -->"]
+
+
 def report_head(
     invocation: Invocation,
     title: str,
@@ -150,18 +190,24 @@ def report_head(
     ``subject`` and ``slow`` go to `method_lines`; ``closing`` ends the paragraph on how to
     read the figures (by default: where the targets come from).
     """
+    record_table(invocation, title, rows)
     return [
         f"# {title}",
         "",
         description,
         "",
-        *invocation.header,
-        f"- Command: `{invocation.command}`",
-        *method_lines(invocation.settings, timings, subject, slow),
+        *section(
+            "machine",
+            [
+                *invocation.header,
+                f"- Command: `{invocation.command}`",
+                *method_lines(invocation.settings, timings, subject, slow),
+            ],
+        ),
         "",
         f"{FIGURES} {closing}",
         "",
-        markdown_table(rows),
+        *section("table", [markdown_table(rows)]),
         "",
         *spread_lines(timings),
     ]
@@ -192,7 +238,9 @@ def overhead_section(
             added = ours_row.time_us - direct_row.time_us
             text += f", {added:+.1f} us against {what} under jax.jit"
         lines.append(text + ".")
-    return [f"Time `{wrapper}` adds per call:", "", *lines, ""] if lines else []
+    if not lines:
+        return []
+    return [*section("overhead", [f"Time `{wrapper}` adds per call:", "", *lines]), ""]
 
 
 def target_lines(
@@ -221,4 +269,4 @@ def target_lines(
     unmeasured_lines += unmeasured
     if unmeasured_lines:
         lines += ["", "Targets not measured:", *unmeasured_lines]
-    return lines
+    return section("targets", lines)

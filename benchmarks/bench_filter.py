@@ -42,7 +42,7 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _cases import Runner, Target, mlp_arrays, named_rows
-from _report import Invocation, log, report_head, run_script, target_lines
+from _report import Invocation, log, report_head, run_script, section, target_lines
 from _timing import Settings
 
 import pytree_filter
@@ -242,13 +242,12 @@ def report(runner: Runner, invocation: Invocation) -> str:
     )
     title = "pytree_filter: partition and combine vs Equinox and a bare flatten"
     lines = report_head(invocation, title, description, runner.rows, runner.timings)
-    lines += [
+    floor = [
         "`pytree_filter.partition` against the floor with its two unflatten calls:",
         "",
         *_overheads(runner.timings),
-        "",
-        *target_lines(runner.rows),
     ]
+    lines += [*section("floor", floor), "", *target_lines(runner.rows)]
     return "\n".join(lines) + "\n"
 
 

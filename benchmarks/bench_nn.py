@@ -61,7 +61,15 @@ import optax
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _cases import Case, Runner, Target, built_case, first_line
-from _report import Invocation, log, report_head, run_script, target_lines
+from _report import (
+    Invocation,
+    log,
+    record_table,
+    report_head,
+    run_script,
+    section,
+    target_lines,
+)
 from _timing import Row, Settings, dist_version
 
 import pytree_graph
@@ -739,7 +747,11 @@ def throughput_lines(rows: list[Row]) -> list[str]:
         model = row.measurement.split(", ")[1].split(" (")[0]
         library = row.implementation.split(":")[0]
         lines.append(f"- {model}, {library}: {1 / row.ratio:.3f}x")
-    return [*lines, ""]
+    return [*section("throughput", lines), ""]
+
+
+def first_call_title(results: Results) -> str:
+    return f"First call of a {results.shapes.deep_stack}-block transformer step"
 
 
 def first_call_lines(results: Results) -> list[str]:
@@ -747,16 +759,17 @@ def first_call_lines(results: Results) -> list[str]:
 
     aot = results.aot
     split = ", ".join(f"{part} {seconds:.2f} s" for part, seconds in aot.items())
-    return [
-        f"## First call of a {results.shapes.deep_stack}-block transformer step",
-        "",
+    explanation = (
         "Each form is built afresh and its step function wrapped anew, so nothing is cached; "
         "the time is that of its first call: tracing, compiling and running one step, the "
-        f"median of {results.repeats} builds. Times in the table are in microseconds.",
+        f"median of {results.repeats} builds. Times in the table are in microseconds."
+    )
+    aot_line = f"The hand-written step, with JAX's ahead-of-time API: {split}."
+    table = markdown_table(results.first_call)
+    return [
+        f"## {first_call_title(results)}",
         "",
-        markdown_table(results.first_call),
-        "",
-        f"The hand-written step, with JAX's ahead-of-time API: {split}.",
+        *section("first-call", [explanation, "", table, "", aot_line]),
         "",
     ]
 
@@ -790,6 +803,7 @@ def report(results: Results, invocation: Invocation) -> str:
     )
     lines += throughput_lines(results.runner.rows)
     lines += first_call_lines(results)
+    record_table(invocation, first_call_title(results), results.first_call)
     lines += target_lines(results.runner.rows)
     return "\n".join(lines) + "\n"
 

@@ -60,7 +60,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _cases import Case, Runner, Target, built_case, check_cases, mlp_arrays
-from _report import Invocation, log, overhead_section, report_head, run_script, target_lines
+from _report import (
+    Invocation,
+    log,
+    overhead_section,
+    report_head,
+    run_script,
+    section,
+    target_lines,
+)
 from _timing import Settings
 
 import pytree_module
@@ -674,16 +682,13 @@ def report(runner: Runner, dispatch: tuple[list[DispatchRow], str], invocation: 
         "the Module",
     )
     dispatch_rows, how = dispatch
-    lines += [
+    text = (
         "**Dispatch stays asynchronous.** With JAX's default asynchronous CPU dispatch "
         "(turned back on for this part), the time a call takes to return, against the time "
-        "until its result is ready. "
-        f"{how} Met when the call returns in at most {ASYNC_FRACTION:.0%} of the time its "
-        "result takes.",
-        "",
-        dispatch_table(dispatch_rows),
-        "",
-    ]
+        f"until its result is ready. {how} Met when the call returns in at most "
+        f"{ASYNC_FRACTION:.0%} of the time its result takes."
+    )
+    lines += [*section("dispatch", [text, "", dispatch_table(dispatch_rows)]), ""]
     blocking = [r for r in dispatch_rows if r.target and r.asynchronous is False]
     unmeasured = [r for r in dispatch_rows if r.target and r.returned_s is None]
     lines += target_lines(

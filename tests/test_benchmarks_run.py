@@ -1,5 +1,12 @@
-"""The benchmark scripts run (a short smoke run; figures are not checked here)."""
+"""The benchmarks run: one quick `run_all.py` smoke run of every script, and its summary.
 
+The figures are not checked here (performance targets are checked by full benchmark runs);
+what is checked is that every script runs and writes its report and tables, and that the
+summary and plots come out of them, with each row credited to the right library.
+"""
+
+import importlib.util
+import json
 import pathlib
 import subprocess
 import sys
@@ -7,16 +14,126 @@ import sys
 import pytest
 
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+SCRIPTS = sorted(p.stem.removeprefix("bench_") for p in BENCHMARKS.glob("bench_*.py"))
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("script", sorted(BENCHMARKS.glob("bench_*.py")), ids=lambda p: p.name)
-def test_benchmark_smoke_run(script, tmp_path):
-    out = tmp_path / "table.md"
-    result = subprocess.run(
-        [sys.executable, str(script), "--quick", "--out", str(out)],
+def _load_run_all():
+    # benchmarks/ is not a package. Dataclasses look their module up in sys.modules.
+    spec = importlib.util.spec_from_file_location("run_all", BENCHMARKS / "run_all.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+run_all = _load_run_all()
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(BENCHMARKS / "run_all.py"), *args],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
     )
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """`run_all.py --quick` over every benchmark, into a temporary folder."""
+    out = tmp_path_factory.mktemp("bench")
+    result = _run("--quick", "--results", str(out), "--plots", str(out / "plots"))
+    return out, result
+
+
+def test_quick_run_succeeds(quick_run):
+    _, result = quick_run
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "| measurement |" in out.read_text()
+    assert result.stdout.startswith("| package | measurement | baseline (1.00x) |")
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_benchmark_writes_its_report_and_tables(quick_run, name):
+    out, _ = quick_run
+    assert "| measurement |" in (out / f"{name}.md").read_text()
+    document = json.loads((out / f"{name}.json").read_text())
+    assert document["quick"] is True
+    assert document["tables"] and all(table["rows"] for table in document["tables"])
+    assert (out / "plots" / f"{name}.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_summary_covers_every_benchmark(quick_run):
+    out, _ = quick_run
+    summary = (out / "summary.md").read_text()
+    for name in SCRIPTS:
+        assert f"| {run_all.SUBJECTS.get(name, name)} |" in summary
+    assert "Quick smoke run" in summary
+    assert "<!-- --8<-- [start:table] -->" in summary  # the docs page includes this part
+    assert (out / "plots" / "summary.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def _row(implementation, ratio, note="", target="", met=None):
+    return {
+        "measurement": "op (ratio vs dict)",
+        "implementation": implementation,
+        "ratio": ratio,
+        "note": note,
+        "target": target,
+        "met": met,
+    }
+
+
+def test_rows_are_credited_to_their_library():
+    document = {
+        "tables": [
+            {
+                "title": "t",
+                "rows": [
+                    _row("dict", 1.0),
+                    _row("pytree_module, NNX style", 0.9, target="<= 2x", met=True),
+                    _row("pytree_module, Equinox style", 2.5, target="<= 2x", met=False),
+                    _row("Equinox", 3.0),
+                    _row("Equinox: eqx.filter_jit", 5.0, note="reference"),
+                    _row("nnx.jit(f)(model, x)", 7.0, note="flax.nnx.Module"),
+                    _row("jax.jit(f)(model, x)", 1.1, note="reference"),
+                ],
+            }
+        ]
+    }
+    (entry,) = run_all.entries("module", document)
+    assert entry.measurement == "op" and entry.baseline == "dict"
+    assert entry.ratios == {
+        "pytree": [("NNX style", 0.9), ("Equinox style", 2.5)],
+        "Equinox": [("", 3.0)],  # the reference row is left out
+        "Flax NNX": [("flax.nnx.Module", 7.0)],
+    }
+    table = run_all.summary_table([entry])
+    assert "| pytree_module | op | dict | 0.900x (NNX style)<br>2.50x (Equinox style) |" in table
+    assert table.endswith("| 3.00x | 7.00x | <= 2x: **missed** |")
+
+
+def test_breakdowns_of_our_own_time_are_left_out():
+    rows = [_row("pytree_filter.partition", 1.0), _row("pytree_filter.partition", 1.0)]
+    for row in rows:
+        row["measurement"] = "pieces (ratio vs pytree_filter.partition)"
+    assert run_all.entries("filter", {"tables": [{"title": "t", "rows": rows}]}) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--only", "nope"], "argument --only: no benchmark named nope"),
+        (["--quick"], "argument --quick: give --results DIR and --plots DIR too"),
+    ],
+)
+def test_bad_arguments(args, message):
+    result = _run(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_summarize_only_needs_the_reports(tmp_path):
+    result = _run("--summarize-only", "--only", "module", "--results", str(tmp_path))
+    assert result.returncode == 1
+    assert "module.json is missing: run `hatch run bench:module`" in result.stderr

@@ -1,36 +1,18 @@
 """The digits demo (examples/digits.py): short end-to-end runs, bad arguments, its helpers."""
 
-import importlib.util
 import pathlib
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import safetensors.numpy
+from example_scripts import assert_refused, load_example, run_example
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "examples" / "digits.py"
 ACCURACY_LINE = re.compile(r"test accuracy: 0\.\d{3}")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def _load_demo():
-    """The demo imported as a module (examples/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("digits_demo", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-digits = _load_demo()
-
-
-def _run_script(*args: str) -> subprocess.CompletedProcess:
-    """Run the demo as a user would; the environment (and so the packages) is inherited."""
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300
-    )
+digits = load_example("digits")
 
 
 def _check_outputs(out: pathlib.Path, stdout: str) -> None:
@@ -45,7 +27,7 @@ def _check_outputs(out: pathlib.Path, stdout: str) -> None:
 def graph_run(tmp_path_factory):
     """One short graph-style run of the script, shared by the tests that need one."""
     out = tmp_path_factory.mktemp("graph") / "new-directory"  # created by the script
-    return out, _run_script("--epochs", "1", "--seed", "3", "--out", str(out))
+    return out, run_example("digits", "--epochs", "1", "--seed", "3", "--out", str(out))
 
 
 def test_graph_style_end_to_end(graph_run):
@@ -56,8 +38,8 @@ def test_graph_style_end_to_end(graph_run):
 
 
 def test_functional_style_end_to_end(tmp_path):
-    result = _run_script(
-        "--style", "functional", "--epochs", "1", "--seed", "3", "--out", str(tmp_path)
+    result = run_example(
+        "digits", "--style", "functional", "--epochs", "1", "--seed", "3", "--out", str(tmp_path)
     )
     assert result.returncode == 0, result.stdout + result.stderr
     _check_outputs(tmp_path, result.stdout)
@@ -96,17 +78,14 @@ def test_same_seed_same_result(graph_run, tmp_path, capsys):
 )
 def test_bad_arguments_exit_2_and_write_nothing(args, message, tmp_path, capsys):
     out = tmp_path / "out"
-    with pytest.raises(SystemExit) as exit_info:
-        digits.main([*args, "--out", str(out)])
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    assert_refused(digits.main, [*args, "--out", str(out)], message, capsys)
     assert not out.exists()
 
 
 def test_out_pointing_at_a_file_is_refused(tmp_path):
     not_a_directory = tmp_path / "results.txt"
     not_a_directory.write_text("keep me")
-    result = _run_script("--out", str(not_a_directory))
+    result = run_example("digits", "--out", str(not_a_directory))
     assert result.returncode == 2
     assert f"argument --out: {not_a_directory} is an existing file" in result.stderr
     assert result.stdout == ""

@@ -272,6 +272,26 @@ def test_update_of_an_array_inside_a_tuple_is_refused_before_any_write():
     assert holder.a.value.tolist() == [0.0]
 
 
+def test_update_of_an_array_in_a_frozen_module_is_refused_before_any_write():
+    class Frozen(Module, frozen=True):
+        w: jax.Array
+
+    class Holder(Module):
+        def __init__(self):
+            self.a = Param(jnp.zeros(1))
+            self.frozen = Frozen(jnp.zeros(2))
+
+    holder = Holder()
+    new = jax.tree.map(lambda x: x + 1, state(holder))
+    with pytest.raises(ValueError, match=r"array at \.frozen\.w is inside a Frozen \(a frozen"):
+        update(holder, new)
+    assert holder.a.value.tolist() == [0.0]  # the Param before it was not written either
+    # A Variable inside a frozen Module changes in place: the Variable is mutable.
+    frozen_param = Frozen(Param(jnp.zeros(2)))
+    update(frozen_param, jax.tree.map(lambda x: x + 1, state(frozen_param)))
+    assert frozen_param.w.value.tolist() == [1.0, 1.0]
+
+
 def test_pop_removes_every_reference():
     class Block(Module):
         def __init__(self):

@@ -1,5 +1,6 @@
 """repr, tree_pformat, tree_pprint and treescope rendering."""
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -51,3 +52,12 @@ def test_prng_keys_print_as_their_key_type():
 
     assert tree_pformat(jax.random.key(0)) == "key<fry>[]"
     assert tree_pformat({"k": jax.random.split(jax.random.key(0), 3)}) == "{'k': key<fry>[3]}"
+
+
+def test_functions_with_custom_derivatives_show_their_name():
+    # jax.nn.relu is a jax.custom_jvp object, not a function.
+    tree = {"activation": jax.nn.relu, "plain": jnp.tanh}
+    text = tree_pformat(tree)
+    assert "<function relu>" in text
+    assert "custom_jvp object" not in text
+    assert "<function relu>" in tree_pformat(tree, short_arrays=False)

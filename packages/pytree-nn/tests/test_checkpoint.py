@@ -387,3 +387,32 @@ def test_new_files_follow_the_umask_and_rewrites_keep_the_mode(tmp_path):
     path.chmod(0o600)
     save_checkpoint(path, Linear(2, 3, rngs=1))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_load_into_a_frozen_module_holding_arrays_returns_a_new_model(tmp_path):
+    # Equinox style: arrays held directly by a frozen Module cannot change in place.
+    class Frozen(Module, frozen=True):
+        w: jax.Array
+        scale: Param
+
+    class Outer(Module):
+        def __init__(self, inner):
+            self.inner = inner
+            self.b = Param(jnp.zeros(2))
+
+    path = tmp_path / "frozen.safetensors"
+    saved = Outer(Frozen(jnp.arange(3.0), Param(jnp.array(2.0))))
+    saved.b.value = jnp.ones(2)
+    save_checkpoint(path, saved)
+    like = Outer(Frozen(jnp.zeros(3), Param(jnp.array(0.0))))
+    loaded = load_checkpoint(path, like)
+    assert loaded is not like
+    assert loaded.inner.w.tolist() == [0.0, 1.0, 2.0]
+    assert float(loaded.inner.scale.value) == 2.0 and loaded.b.value.tolist() == [1.0, 1.0]
+    assert like.inner.w.tolist() == [0.0, 0.0, 0.0]  # the model given is left as it was
+    assert like.b.value.tolist() == [0.0, 0.0]
+    # Where everything can change in place, the model given is the one restored.
+    mutable = Outer(Param(jnp.zeros(3)))
+    save_checkpoint(path, Outer(Param(jnp.ones(3))))
+    assert load_checkpoint(path, mutable) is mutable
+    assert mutable.inner.value.tolist() == [1.0, 1.0, 1.0]

@@ -209,7 +209,10 @@ def _locate(node: Any, path: Path) -> tuple[Any, Any]:
 
 
 def _can_assign(parent: Any, key: Any) -> bool:
-    return isinstance(parent, Module | list | dict) or (
+    if isinstance(parent, Module):
+        # A frozen Module refuses assignment after __init__: find out before writing anything.
+        return not type(parent).__module_frozen__
+    return isinstance(parent, list | dict) or (
         isinstance(key, str) and not isinstance(parent, tuple)
     )
 
@@ -267,11 +270,12 @@ def update(node: Any, *states: Any) -> None:
                 continue
             parent, current = _locate(node, path)
             if not isinstance(current, Variable) and not _can_assign(parent, path[-1]):
+                frozen = " (a frozen Module)" if isinstance(parent, Module) else ""
                 raise ValueError(
                     f"update: the array at {show_path(path)} is inside a "
-                    f"{type(parent).__name__}, which cannot be changed in place. Hold it "
-                    "in a Variable, a list or a dict instead, or build a new graph with "
-                    "`merge`."
+                    f"{type(parent).__name__}{frozen}, which cannot be changed in place. "
+                    "Hold it in a Variable, a list or a dict instead, or build a new graph "
+                    "with `merge`."
                 )
             writes.append((parent, path, current, leaf))
     for parent, path, current, leaf in writes:

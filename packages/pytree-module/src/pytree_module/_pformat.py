@@ -20,6 +20,18 @@ def _short_array(x: Any) -> Any:
     return None
 
 
+# Functions with custom derivatives (`jax.nn.relu`, `jax.nn.gelu`, ...) are callable objects,
+# not functions: show them by name, as plain functions are shown.
+_CUSTOM_DERIVATIVES = (jax.custom_jvp, jax.custom_vjp)
+
+
+def _custom_doc(x: Any, short_arrays: bool) -> Any:
+    """The document for what wadler-lindig would not show well, or None for its default."""
+    if isinstance(x, _CUSTOM_DERIVATIVES) and isinstance(getattr(x, "__name__", None), str):
+        return wadler_lindig.TextDoc(f"<function {x.__name__}>")
+    return _short_array(x) if short_arrays else None
+
+
 def tree_pformat(tree: Any, *, width: int = 80, indent: int = 2, short_arrays: bool = True) -> str:
     """Format a pytree (Modules included) as compact, readable text.
 
@@ -46,7 +58,7 @@ def tree_pformat(tree: Any, *, width: int = 80, indent: int = 2, short_arrays: b
         width=width,
         indent=indent,
         short_arrays=short_arrays,
-        custom=_short_array if short_arrays else lambda _: None,
+        custom=lambda x: _custom_doc(x, short_arrays),
     )
 
 

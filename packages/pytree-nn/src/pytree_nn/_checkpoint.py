@@ -19,6 +19,7 @@ import safetensors.numpy
 import pytree_graph
 from pytree_graph import State, Variable
 from pytree_graph._traverse import show_path
+from pytree_module import Module
 
 Path = tuple[Any, ...]
 
@@ -336,7 +337,7 @@ def _mismatch(path: Path, leaf: Any, entry: dict[str, Any], check_metadata: bool
 def load_checkpoint(
     path: str | os.PathLike, model: Any, *filters: Any, check_metadata: bool = True
 ) -> Any:
-    """Load a checkpoint written by `save_checkpoint` into `model`, in place.
+    """Load a checkpoint written by `save_checkpoint` into `model`, in place where it can.
 
     The checkpoint must hold exactly the model's state (or, with filters, the part they
     select): the same paths, Variable types, metadata, shapes and dtypes. Everything,
@@ -357,7 +358,10 @@ def load_checkpoint(
             model's own metadata is kept either way).
 
     Returns:
-        `model`, restored.
+        `model`, restored in place; or, when the model holds arrays directly in frozen
+        Modules (Equinox style: `class M(Module, frozen=True)` with `w: jax.Array`), which
+        cannot change in place, a new model with the loaded values and `model` unchanged.
+        `model = load_checkpoint(path, model)` works either way.
 
     Raises:
         ValueError: the file is not a checkpoint, is truncated or corrupt, or does not
@@ -416,8 +420,24 @@ def load_checkpoint(
                 else "."
             )
         )
-    pytree_graph.update(
-        model,
-        State.from_flat_path({p: _placed(v, c, kind) for p, (v, c, kind) in values.items()}),
-    )
-    return model
+    placed = {p: _placed(v, c, kind) for p, (v, c, kind) in values.items()}
+    frozen = [p for p in placed if not isinstance(flat[p], Variable) and _in_frozen(model, p)]
+    if not frozen:
+        pytree_graph.update(model, State.from_flat_path(placed))
+        return model
+    # Arrays held directly by frozen Modules cannot change in place: build a new model with
+    # the loaded values (an Equinox-style model; `model = load_checkpoint(...)` takes it).
+    graphdef, whole = pytree_graph.split(model)
+    everything = dict(whole.flat_state())
+    for leaf_path, value in placed.items():
+        leaf = everything[leaf_path]
+        everything[leaf_path] = leaf.replace(value) if isinstance(leaf, Variable) else value
+    return pytree_graph.merge(graphdef, State.from_flat_path(everything))
+
+
+def _in_frozen(model: Any, path: Path) -> bool:
+    """Whether the value at `path` is an attribute of a frozen Module (which refuses writes)."""
+    parent = model
+    for key in path[:-1]:
+        parent = parent[key] if isinstance(parent, list | tuple | dict) else getattr(parent, key)
+    return isinstance(parent, Module) and type(parent).__module_frozen__
