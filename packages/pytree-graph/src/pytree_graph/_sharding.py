@@ -1,5 +1,7 @@
-"""Shardings from Variables' `sharding` metadata: `get_partition_spec`, `get_named_sharding`."""
+"""Shardings from Variables' `sharding` metadata: `get_partition_spec`, `get_named_sharding`,
+and `create_sharded`, which builds a model directly on a device mesh."""
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -7,7 +9,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pytree_module import Module
 
-from ._split_merge import state
+from ._jit import jit
+from ._split_merge import state, update
 from ._variables import Variable, is_variable
 
 
@@ -82,3 +85,61 @@ def get_named_sharding(tree: Any, mesh: Mesh) -> Any:
             "mesh's axis names in the Variables' `sharding` metadata."
         )
     return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs)
+
+
+def create_sharded(make: Callable[..., Any], mesh: Mesh, *args: Any, **kwargs: Any) -> Any:
+    """Build a model directly on a device mesh: `make(*args, **kwargs)`, each array placed
+    as its Variable's `sharding` metadata says.
+
+    The model is built inside one compiled function whose outputs are constrained to their
+    `NamedSharding`s, so each device computes only its own shard of every parameter: a
+    model too large for one device is never gathered on one. Arrays without `sharding`
+    metadata are replicated.
+
+    Arguments:
+        make: builds the model (a Module class, or any function returning a graph of
+            Modules and Variables). It runs under `pytree_graph.jit`: pass an `Rngs` as an
+            argument, and it advances as if `make` had run eagerly.
+        mesh: the device mesh whose axis names the `sharding` metadata uses.
+        *args: `make`'s positional arguments.
+        **kwargs: its keyword arguments.
+
+    Returns:
+        The model, with arrays laid out on `mesh`.
+
+    Raises:
+        ValueError: the `sharding` metadata names an axis the mesh does not have.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, numpy as np
+        >>> from jax.sharding import Mesh, NamedSharding, PartitionSpec
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, create_sharded
+        >>> class Dense(Module):
+        ...     def __init__(self, key):
+        ...         w = jax.random.normal(key, (4, 8))
+        ...         self.w = Param(w, sharding=(None, "model"))
+        >>> mesh = Mesh(np.array(jax.devices()[:1]), ("model",))
+        >>> dense = create_sharded(Dense, mesh, jax.random.key(0))
+        >>> columns = NamedSharding(mesh, PartitionSpec(None, "model"))
+        >>> dense.w.value.sharding.is_equivalent_to(columns, 2)
+        True
+    """
+    if isinstance(make, Mesh) or not callable(make):
+        raise TypeError(
+            f"create_sharded takes the function that builds the model first, got "
+            f"{type(make).__name__}: create_sharded(Model, mesh, *args) builds "
+            "Model(*args) on the mesh."
+        )
+    if not isinstance(mesh, Mesh):
+        raise TypeError(
+            f"create_sharded: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}."
+        )
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        model = make(*args, **kwargs)
+        values = state(model)
+        update(model, jax.lax.with_sharding_constraint(values, get_named_sharding(values, mesh)))
+        return model
+
+    return jit(build)(*args, **kwargs)

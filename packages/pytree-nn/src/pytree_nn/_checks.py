@@ -30,3 +30,27 @@ def check_input(layer: str, x: Any, axis: int, expected: int, name: str) -> None
             f"{layer} expects inputs whose {where} is {name}={expected}, got an "
             f"input of shape {shape}."
         )
+
+
+def check_sharding(layer: str, name: str, sharding: Any, ndim: int) -> tuple[Any, ...] | None:
+    """A parameter's sharding: None, or one mesh axis name (a str), several (a tuple of str)
+    or None per dimension. Refuses anything else, naming the argument."""
+    if sharding is None:
+        return None
+
+    def is_axis(entry: Any) -> bool:
+        if isinstance(entry, tuple):
+            return all(isinstance(name, str) for name in entry)
+        return entry is None or isinstance(entry, str)
+
+    if not isinstance(sharding, tuple | list) or not all(map(is_axis, sharding)):
+        raise TypeError(
+            f"{layer}: {name} must be a tuple with one entry per dimension, each a mesh "
+            f"axis name, a tuple of names or None, e.g. (None, 'model'); got {sharding!r}."
+        )
+    if len(sharding) != ndim:
+        raise ValueError(
+            f"{layer}: {name} has {len(sharding)} entries but the parameter has {ndim} "
+            f"dimensions; give one per dimension (None: not split), got {sharding!r}."
+        )
+    return tuple(sharding)

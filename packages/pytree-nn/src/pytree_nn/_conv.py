@@ -215,6 +215,9 @@ class Conv(Module):
         precision: the convolution's precision (`jax.lax.Precision`), or None.
         kernel_init: initializer of the kernel.
         bias_init: initializer of the bias, of shape `(out_features,)`.
+        kernel_sharding: how to split the kernel over a device mesh, one entry per
+            dimension (a mesh axis name, a tuple of names or None), as for `Linear`.
+        bias_sharding: the same for the bias.
         rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
 
     Examples:
@@ -245,6 +248,8 @@ class Conv(Module):
         precision: Any = None,
         kernel_init: initializers.Initializer = default_kernel_init,
         bias_init: initializers.Initializer = initializers.zeros,
+        kernel_sharding: Any = None,
+        bias_sharding: Any = None,
         rngs: Any = None,
     ):
         check_features(
@@ -276,7 +281,16 @@ class Conv(Module):
         mask = _check_mask("Conv", mask, kernel_shape)
         rngs = as_rngs(rngs, "Conv")
         self.kernel, self.bias = kernel_and_bias(
-            kernel_init, bias_init, kernel_shape, out_features, use_bias, param_dtype, rngs
+            "Conv",
+            kernel_init,
+            bias_init,
+            kernel_shape,
+            out_features,
+            use_bias,
+            param_dtype,
+            rngs,
+            kernel_sharding,
+            bias_sharding,
         )
         self.in_features = in_features
         self.out_features = out_features
@@ -381,6 +395,9 @@ class ConvTranspose(Module):
         bias_init: initializer of the bias, of shape `(out_features,)`.
         transpose_kernel: read the kernel as a `Conv` kernel, flipped and with its feature
             axes swapped (see above).
+        kernel_sharding: how to split the kernel over a device mesh, one entry per
+            dimension (a mesh axis name, a tuple of names or None), as for `Linear`.
+        bias_sharding: the same for the bias.
         rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
 
     Examples:
@@ -410,6 +427,8 @@ class ConvTranspose(Module):
         kernel_init: initializers.Initializer = default_kernel_init,
         bias_init: initializers.Initializer = initializers.zeros,
         transpose_kernel: bool = False,
+        kernel_sharding: Any = None,
+        bias_sharding: Any = None,
         rngs: Any = None,
     ):
         layer = "ConvTranspose"
@@ -425,7 +444,16 @@ class ConvTranspose(Module):
         mask = _check_mask(layer, mask, kernel_shape)
         rngs = as_rngs(rngs, layer)
         self.kernel, self.bias = kernel_and_bias(
-            kernel_init, bias_init, kernel_shape, out_features, use_bias, param_dtype, rngs
+            layer,
+            kernel_init,
+            bias_init,
+            kernel_shape,
+            out_features,
+            use_bias,
+            param_dtype,
+            rngs,
+            kernel_sharding,
+            bias_sharding,
         )
         self.in_features = in_features
         self.out_features = out_features

@@ -5,11 +5,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from pytree_graph import Param
-
 from . import initializers
-from ._checks import check_features, check_input
+from ._checks import check_features, check_input, check_sharding
 from ._dtypes import promote_dtype
+from ._linear import sharded_param
 from ._module import Module
 from ._rngs import as_rngs
 
@@ -33,6 +32,8 @@ class Embedding(Module):
         param_dtype: the dtype of the table.
         embedding_init: initializer of the table, of shape `(num_embeddings, features)`;
             by default normal with variance `1 / features`.
+        embedding_sharding: how to split the table over a device mesh, one entry per
+            dimension, e.g. `("model", None)` (see `Linear`'s `kernel_sharding`).
         rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
 
     Examples:
@@ -52,12 +53,14 @@ class Embedding(Module):
         dtype: Any = None,
         param_dtype: Any = jnp.float32,
         embedding_init: initializers.Initializer = default_embedding_init,
+        embedding_sharding: Any = None,
         rngs: Any = None,
     ):
         check_features("Embedding", num_embeddings=num_embeddings, features=features)
+        sharding = check_sharding("Embedding", "embedding_sharding", embedding_sharding, 2)
         rngs = as_rngs(rngs, "Embedding")
-        self.embedding = Param(
-            embedding_init(rngs.params(), (num_embeddings, features), param_dtype)
+        self.embedding = sharded_param(
+            embedding_init(rngs.params(), (num_embeddings, features), param_dtype), sharding
         )
         self.num_embeddings = num_embeddings
         self.features = features

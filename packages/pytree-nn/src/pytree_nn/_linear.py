@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from pytree_graph import Param
 
 from . import initializers
-from ._checks import check_features, check_input
+from ._checks import check_features, check_input, check_sharding
 from ._dtypes import promote_dtype
 from ._module import Module
 from ._rngs import as_rngs
@@ -18,7 +18,14 @@ from ._rngs import as_rngs
 default_kernel_init = initializers.lecun_normal()
 
 
+def sharded_param(value: jax.Array, sharding: tuple[Any, ...] | None) -> Param:
+    """A Param, with `sharding` metadata only where a sharding was given (so that models
+    built without one keep the metadata, and the checkpoints, they had)."""
+    return Param(value) if sharding is None else Param(value, sharding=sharding)
+
+
 def kernel_and_bias(
+    layer: str,
     kernel_init: initializers.Initializer,
     bias_init: initializers.Initializer,
     kernel_shape: tuple[int, ...],
@@ -26,10 +33,17 @@ def kernel_and_bias(
     use_bias: bool,
     param_dtype: Any,
     rngs: Any,
+    kernel_sharding: Any = None,
+    bias_sharding: Any = None,
 ) -> tuple[Param, Param | None]:
-    """A layer's `kernel` and `bias` (None without `use_bias`), keys from `rngs.params`."""
-    kernel = Param(kernel_init(rngs.params(), kernel_shape, param_dtype))
-    bias = Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias else None
+    """A layer's `kernel` and `bias` (None without `use_bias`), keys from `rngs.params`,
+    with the shardings given (checked first, so a bad one draws no keys)."""
+    kernel_sharding = check_sharding(layer, "kernel_sharding", kernel_sharding, len(kernel_shape))
+    bias_sharding = check_sharding(layer, "bias_sharding", bias_sharding, 1)
+    kernel = sharded_param(kernel_init(rngs.params(), kernel_shape, param_dtype), kernel_sharding)
+    if not use_bias:
+        return kernel, None
+    bias = sharded_param(bias_init(rngs.params(), (out_features,), param_dtype), bias_sharding)
     return kernel, bias
 
 
@@ -45,6 +59,11 @@ class Linear(Module):
         precision: the matmul precision (`jax.lax.Precision`), or None.
         kernel_init: initializer of the kernel, of shape `(in_features, out_features)`.
         bias_init: initializer of the bias, of shape `(out_features,)`.
+        kernel_sharding: how to split the kernel over a device mesh: one entry per
+            dimension, a mesh axis name, a tuple of names or None (not split), e.g.
+            `(None, "model")`. Stored as the Param's `sharding` metadata, which
+            `pytree_graph.get_named_sharding` and `pytree_graph.create_sharded` read.
+        bias_sharding: the same for the bias, e.g. `("model",)`.
         rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
 
     Examples:
@@ -66,11 +85,14 @@ class Linear(Module):
         precision: Any = None,
         kernel_init: initializers.Initializer = default_kernel_init,
         bias_init: initializers.Initializer = initializers.zeros,
+        kernel_sharding: Any = None,
+        bias_sharding: Any = None,
         rngs: Any = None,
     ):
         check_features("Linear", in_features=in_features, out_features=out_features)
         rngs = as_rngs(rngs, "Linear")
         self.kernel, self.bias = kernel_and_bias(
+            "Linear",
             kernel_init,
             bias_init,
             (in_features, out_features),
@@ -78,6 +100,8 @@ class Linear(Module):
             use_bias,
             param_dtype,
             rngs,
+            kernel_sharding,
+            bias_sharding,
         )
         self.in_features = in_features
         self.out_features = out_features

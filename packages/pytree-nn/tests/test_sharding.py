@@ -1,0 +1,225 @@
+"""Models on a device mesh: layers' sharding arguments, `create_sharded`, and data-parallel,
+fully sharded and tensor-parallel training that gives the losses of one device.
+
+The mesh tests need 8 devices: the CPU test environments fake them with
+`XLA_FLAGS=--xla_force_host_platform_device_count=8`.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import pytree_graph as pg
+from pytree_nn import (
+    Conv,
+    ConvTranspose,
+    Embedding,
+    LayerNorm,
+    Linear,
+    Module,
+    MultiHeadAttention,
+    Optimizer,
+    Rngs,
+    load_checkpoint,
+    make_causal_mask,
+    save_checkpoint,
+)
+
+needs_8_devices = pytest.mark.skipif(
+    len(jax.devices()) < 8,
+    reason="needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)",
+)
+
+
+def _mesh(shape, names):
+    return Mesh(np.array(jax.devices()[: int(np.prod(shape))]).reshape(shape), names)
+
+
+def _shard_shapes(array):
+    return {shard.data.shape for shard in array.addressable_shards}
+
+
+# ----------------------------------------------------------------------- sharding arguments
+
+
+@pytest.mark.parametrize(
+    ("make", "name", "sharding"),
+    [
+        (lambda s: Linear(4, 8, kernel_sharding=s, rngs=0), "kernel", (None, "model")),
+        (lambda s: Linear(4, 8, bias_sharding=s, rngs=0), "bias", ("model",)),
+        (lambda s: Conv(3, 8, (3, 3), kernel_sharding=s, rngs=0), "kernel", (None,) * 3 + ("m",)),
+        (lambda s: ConvTranspose(8, 3, 2, kernel_sharding=s, rngs=0), "kernel", (None, "m", None)),
+        (lambda s: Embedding(10, 4, embedding_sharding=s, rngs=0), "embedding", ("vocab", None)),
+    ],
+    ids=["linear-kernel", "linear-bias", "conv", "conv-transpose", "embedding"],
+)
+def test_layers_store_their_parameters_sharding(make, name, sharding):
+    layer = make(sharding)
+    assert getattr(layer, name).sharding == sharding
+    unsharded = make(None)
+    assert "sharding" not in getattr(unsharded, name).metadata  # no metadata unless asked
+    # Axis names inside a tuple (one dimension over several mesh axes) are accepted too.
+    assert make(tuple(("a", "b") if s is not None else None for s in sharding)) is not None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"kernel_sharding": ("model",)}, ValueError, "kernel_sharding has 1 entries but"),
+        ({"kernel_sharding": "model"}, TypeError, "kernel_sharding must be a tuple"),
+        ({"bias_sharding": (3,)}, TypeError, "bias_sharding must be a tuple"),
+    ],
+)
+def test_bad_shardings_are_refused_before_any_key_is_drawn(kwargs, error, message):
+    rngs = Rngs(0)
+    with pytest.raises(error, match=message):
+        Linear(4, 8, rngs=rngs, **kwargs)
+    assert int(rngs.default.count.value) == 0
+
+
+# ----------------------------------------------------------------------------- create_sharded
+
+
+class MLP(Module):
+    """Two Linear layers; `kernel` gives both kernels' sharding (FSDP: split a dimension)."""
+
+    def __init__(self, rngs, kernel=None, hidden=None, out=None):
+        self.hidden = Linear(16, 32, kernel_sharding=hidden or kernel, rngs=rngs)
+        self.out = Linear(32, 4, kernel_sharding=out or kernel, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(jax.nn.relu(self.hidden(x)))
+
+
+@needs_8_devices
+def test_create_sharded_splits_every_parameter_as_its_metadata_says():
+    mesh = _mesh((2, 4), ("data", "model"))
+    rngs = Rngs(0)
+    model = pg.create_sharded(MLP, mesh, rngs, hidden=("data", "model"), out=("model", None))
+    kernel = model.hidden.kernel.value
+    assert kernel.sharding.spec == PartitionSpec("data", "model")
+    assert _shard_shapes(kernel) == {(8, 8)}  # 16x32 over 2x4 devices
+    assert _shard_shapes(model.out.kernel.value) == {(8, 4)}
+    assert model.hidden.bias.value.sharding.spec == PartitionSpec()  # no metadata: replicated
+    # The same values, and the same random keys drawn, as built on one device.
+    eager_rngs = Rngs(0)
+    eager = MLP(eager_rngs)
+    np.testing.assert_array_equal(kernel, eager.hidden.kernel.value)
+    assert int(rngs.default.count.value) == int(eager_rngs.default.count.value)
+
+
+def test_create_sharded_names_what_is_wrong():
+    mesh = _mesh((1,), ("batch",))
+    with pytest.raises(ValueError, match=r"mesh axes \['data'\].*its axes: \['batch'\]"):
+        pg.create_sharded(MLP, mesh, Rngs(0), kernel=("data", None))
+    with pytest.raises(TypeError, match="takes the function that builds the model first"):
+        pg.create_sharded(mesh, MLP)
+    with pytest.raises(TypeError, match=r"mesh must be a jax\.sharding\.Mesh"):
+        pg.create_sharded(MLP, ("data",), Rngs(0))
+
+
+# ------------------------------------------------------------------ training on the mesh
+
+
+def _loss(model, x, y):
+    return jnp.mean((model(x) - y) ** 2)
+
+
+@pg.jit
+def _step(model, optimizer, x, y):
+    loss, grads = pg.value_and_grad(_loss)(model, x, y)
+    optimizer.update(model, grads)
+    return loss
+
+
+def _train(model, x, y, steps=4):
+    optimizer = Optimizer(model, optax.adam(1e-2))
+    return np.array([float(_step(model, optimizer, x, y)) for _ in range(steps)])
+
+
+@pytest.fixture(scope="module")
+def regression():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 16)).astype(np.float32)
+    return x, (x[:, :4] * 2 - x[:, 4:8]).astype(np.float32)
+
+
+@needs_8_devices
+@pytest.mark.parametrize(
+    ("mesh_shape", "kernel"),
+    [((8,), None), ((8,), ("data", None))],
+    ids=["data-parallel", "fully-sharded"],
+)
+def test_mlp_training_on_8_devices_matches_one_device(regression, mesh_shape, kernel):
+    x, y = regression
+    single = _train(MLP(Rngs(0)), x, y)
+    mesh = _mesh(mesh_shape, ("data",))
+    batch = NamedSharding(mesh, PartitionSpec("data"))
+    model = pg.create_sharded(MLP, mesh, Rngs(0), kernel=kernel)
+    sharded = _train(model, jax.device_put(x, batch), jax.device_put(y, batch))
+    np.testing.assert_allclose(sharded, single, rtol=1e-5, atol=1e-6)
+    assert sharded[-1] < sharded[0]
+    if kernel is not None:  # each device holds an eighth of each kernel, after training too
+        assert _shard_shapes(model.hidden.kernel.value) == {(2, 32)}
+        assert _shard_shapes(model.out.kernel.value) == {(4, 4)}
+
+
+class Block(Module):
+    """A pre-norm transformer block: causal self-attention and an MLP, each residual."""
+
+    def __init__(self, rngs):
+        self.norm1 = LayerNorm(16, rngs=rngs)
+        self.attention = MultiHeadAttention(4, 16, decode=False, rngs=rngs)
+        self.norm2 = LayerNorm(16, rngs=rngs)
+        self.up = Linear(16, 32, rngs=rngs)
+        self.down = Linear(32, 16, rngs=rngs)
+
+    def __call__(self, x):
+        mask = make_causal_mask(jnp.ones(x.shape[:-1]))
+        x = x + self.attention(self.norm1(x), mask=mask)
+        return x + self.down(jax.nn.gelu(self.up(self.norm2(x))))
+
+
+def _tensor_parallel(block):
+    """Megatron-style: heads and the MLP's hidden units split over "model", the projections
+    that gather them split on their input side."""
+    for name in ("query", "key", "value"):
+        getattr(block.attention, name).kernel.sharding = (None, "model", None)
+    block.attention.out.kernel.sharding = ("model", None, None)
+    block.up.kernel.sharding = (None, "model")
+    block.down.kernel.sharding = ("model", None)
+    return block
+
+
+@needs_8_devices
+def test_transformer_block_with_data_and_tensor_parallelism_matches_one_device():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(4, 8, 16)).astype(np.float32)
+    y = np.roll(x, 1, axis=-1)
+    single = _train(Block(Rngs(0)), x, y)
+    mesh = _mesh((2, 4), ("data", "model"))
+    model = pg.create_sharded(lambda rngs: _tensor_parallel(Block(rngs)), mesh, Rngs(0))
+    assert _shard_shapes(model.attention.query.kernel.value) == {(16, 1, 4)}  # a head each
+    batch = NamedSharding(mesh, PartitionSpec("data"))
+    sharded = _train(model, jax.device_put(x, batch), jax.device_put(y, batch))
+    np.testing.assert_allclose(sharded, single, rtol=1e-5, atol=1e-6)
+
+
+@needs_8_devices
+def test_a_sharded_checkpoint_loads_onto_another_mesh_shape(tmp_path):
+    path = tmp_path / "sharded.safetensors"
+    wide = pg.create_sharded(
+        MLP, _mesh((2, 4), ("data", "model")), Rngs(0), kernel=("data", "model")
+    )
+    save_checkpoint(path, wide)
+    tall = pg.create_sharded(
+        MLP, _mesh((4, 2), ("data", "model")), Rngs(1), kernel=("data", "model")
+    )
+    load_checkpoint(path, tall)
+    kernel = tall.hidden.kernel.value
+    np.testing.assert_array_equal(kernel, wide.hidden.kernel.value)
+    assert _shard_shapes(kernel) == {(4, 16)}  # laid out on the new mesh: 16x32 over 4x2
+    assert kernel.sharding.mesh.devices.shape == (4, 2)
