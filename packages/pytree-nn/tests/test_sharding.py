@@ -14,14 +14,17 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import pytree_graph as pg
 from pytree_nn import (
+    BatchNorm,
     Conv,
     ConvTranspose,
     Embedding,
+    GroupNorm,
     LayerNorm,
     Linear,
     Module,
     MultiHeadAttention,
     Optimizer,
+    RMSNorm,
     Rngs,
     load_checkpoint,
     make_causal_mask,
@@ -53,8 +56,24 @@ def _shard_shapes(array):
         (lambda s: Conv(3, 8, (3, 3), kernel_sharding=s, rngs=0), "kernel", (None,) * 3 + ("m",)),
         (lambda s: ConvTranspose(8, 3, 2, kernel_sharding=s, rngs=0), "kernel", (None, "m", None)),
         (lambda s: Embedding(10, 4, embedding_sharding=s, rngs=0), "embedding", ("vocab", None)),
+        (lambda s: LayerNorm(8, scale_sharding=s, rngs=0), "scale", ("model",)),
+        (lambda s: LayerNorm(8, bias_sharding=s, rngs=0), "bias", ("model",)),
+        (lambda s: RMSNorm(8, scale_sharding=s, rngs=0), "scale", ("model",)),
+        (lambda s: GroupNorm(8, num_groups=2, bias_sharding=s, rngs=0), "bias", ("model",)),
+        (lambda s: BatchNorm(8, scale_sharding=s, rngs=0), "scale", ("model",)),
     ],
-    ids=["linear-kernel", "linear-bias", "conv", "conv-transpose", "embedding"],
+    ids=[
+        "linear-kernel",
+        "linear-bias",
+        "conv",
+        "conv-transpose",
+        "embedding",
+        "layernorm-scale",
+        "layernorm-bias",
+        "rmsnorm",
+        "groupnorm",
+        "batchnorm",
+    ],
 )
 def test_layers_store_their_parameters_sharding(make, name, sharding):
     layer = make(sharding)
@@ -77,6 +96,13 @@ def test_bad_shardings_are_refused_before_any_key_is_drawn(kwargs, error, messag
     rngs = Rngs(0)
     with pytest.raises(error, match=message):
         Linear(4, 8, rngs=rngs, **kwargs)
+    assert int(rngs.default.count.value) == 0
+
+
+def test_a_bad_bias_sharding_draws_not_even_the_scales_key():
+    rngs = Rngs(0)
+    with pytest.raises(ValueError, match="LayerNorm: bias_sharding has 2 entries"):
+        LayerNorm(8, scale_sharding=("model",), bias_sharding=(None, "model"), rngs=rngs)
     assert int(rngs.default.count.value) == 0
 
 

@@ -11,8 +11,9 @@ from jax import lax
 from pytree_graph import BatchStat, Param
 
 from . import initializers
-from ._checks import check_features, check_number
+from ._checks import check_features, check_number, check_sharding
 from ._dtypes import promote_dtype
+from ._linear import sharded_param
 from ._module import Module
 from ._rngs import as_rngs
 
@@ -128,9 +129,29 @@ def _normalize(
     return y.astype(out_dtype)
 
 
-def _param(init: initializers.Initializer, rngs: Any, size: int, dtype: Any) -> Param:
-    """A `(size,)` Param drawn from `init`, with a key from `rngs.params`."""
-    return Param(init(rngs.params(), (size,), dtype))
+def _scale_and_bias(
+    layer: str,
+    size: int,
+    dtype: Any,
+    rngs: Any,
+    scale: tuple[initializers.Initializer, Any] | None,
+    bias: tuple[initializers.Initializer, Any] | None = None,
+) -> tuple[Param | None, Param | None]:
+    """The `(size,)` `scale` and `bias` Params (None where not used), each from its
+    `(initializer, sharding)` with a key from `rngs.params`; both shardings are checked
+    before any key is drawn."""
+    parts = {"scale": scale, "bias": bias}
+    shardings = {
+        name: check_sharding(layer, f"{name}_sharding", part[1], 1)
+        for name, part in parts.items()
+        if part is not None
+    }
+    made = {
+        name: sharded_param(part[0](rngs.params(), (size,), dtype), shardings[name])
+        for name, part in parts.items()
+        if part is not None
+    }
+    return made.get("scale"), made.get("bias")
 
 
 def _promoted(x: jax.Array, scale: Param | None, bias: Param | None, dtype: Any) -> list[Any]:
@@ -158,7 +179,10 @@ class LayerNorm(Module):
         use_bias: whether to add the learned `bias`.
         use_scale: whether to multiply by the learned `scale`.
         bias_init: initializer of `bias`.
+        bias_sharding: the same for `bias`.
         scale_init: initializer of `scale`.
+        scale_sharding: how to split `scale` over a device mesh, e.g. `("model",)` (see
+            `Linear`'s `kernel_sharding`).
         reduction_axes: the axis or axes to take the statistics over.
         feature_axes: the axis or axes `scale` and `bias` lie along.
         axis_name: also average the statistics over this named axis (of `vmap`, `pmap`
@@ -188,7 +212,9 @@ class LayerNorm(Module):
         use_bias: bool = True,
         use_scale: bool = True,
         bias_init: initializers.Initializer = initializers.zeros,
+        bias_sharding: Any = None,
         scale_init: initializers.Initializer = initializers.ones,
+        scale_sharding: Any = None,
         reduction_axes: Axes = -1,
         feature_axes: Axes = -1,
         axis_name: Any = None,
@@ -200,8 +226,14 @@ class LayerNorm(Module):
         self.reduction_axes = _check_axes("LayerNorm", "reduction_axes", reduction_axes)
         self.feature_axes = _check_axes("LayerNorm", "feature_axes", feature_axes)
         rngs = as_rngs(rngs, "LayerNorm")
-        self.scale = _param(scale_init, rngs, num_features, param_dtype) if use_scale else None
-        self.bias = _param(bias_init, rngs, num_features, param_dtype) if use_bias else None
+        self.scale, self.bias = _scale_and_bias(
+            "LayerNorm",
+            num_features,
+            param_dtype,
+            rngs,
+            (scale_init, scale_sharding) if use_scale else None,
+            (bias_init, bias_sharding) if use_bias else None,
+        )
         self.num_features = num_features
         self.dtype = dtype
         self.param_dtype = param_dtype
@@ -244,6 +276,8 @@ class RMSNorm(Module):
         param_dtype: the dtype of `scale`.
         use_scale: whether to multiply by the learned `scale`.
         scale_init: initializer of `scale`.
+        scale_sharding: how to split `scale` over a device mesh, e.g. `("model",)` (see
+            `Linear`'s `kernel_sharding`).
         reduction_axes: the axis or axes to take the mean square over.
         feature_axes: the axis or axes `scale` lies along.
         axis_name: also average over this named axis (of `vmap`, `pmap`, `shard_map`).
@@ -266,6 +300,7 @@ class RMSNorm(Module):
         param_dtype: Any = jnp.float32,
         use_scale: bool = True,
         scale_init: initializers.Initializer = initializers.ones,
+        scale_sharding: Any = None,
         reduction_axes: Axes = -1,
         feature_axes: Axes = -1,
         axis_name: Any = None,
@@ -276,7 +311,13 @@ class RMSNorm(Module):
         self.reduction_axes = _check_axes("RMSNorm", "reduction_axes", reduction_axes)
         self.feature_axes = _check_axes("RMSNorm", "feature_axes", feature_axes)
         rngs = as_rngs(rngs, "RMSNorm")
-        self.scale = _param(scale_init, rngs, num_features, param_dtype) if use_scale else None
+        self.scale, _ = _scale_and_bias(
+            "RMSNorm",
+            num_features,
+            param_dtype,
+            rngs,
+            (scale_init, scale_sharding) if use_scale else None,
+        )
         self.num_features = num_features
         self.dtype = dtype
         self.param_dtype = param_dtype
@@ -324,7 +365,10 @@ class GroupNorm(Module):
         use_bias: whether to add the learned `bias`.
         use_scale: whether to multiply by the learned `scale`.
         bias_init: initializer of `bias`.
+        bias_sharding: the same for `bias`.
         scale_init: initializer of `scale`.
+        scale_sharding: how to split `scale` over a device mesh, e.g. `("model",)` (see
+            `Linear`'s `kernel_sharding`).
         reduction_axes: the axes to take the statistics over, instead of the default
             (every axis but the first); it must include the last axis. Use it for inputs
             with several batch axes, e.g. `(-3, -2, -1)` for `(..., H, W, C)`.
@@ -354,7 +398,9 @@ class GroupNorm(Module):
         use_bias: bool = True,
         use_scale: bool = True,
         bias_init: initializers.Initializer = initializers.zeros,
+        bias_sharding: Any = None,
         scale_init: initializers.Initializer = initializers.ones,
+        scale_sharding: Any = None,
         reduction_axes: Axes | None = None,
         axis_name: Any = None,
         use_fast_variance: bool = True,
@@ -387,8 +433,14 @@ class GroupNorm(Module):
             else _check_axes("GroupNorm", "reduction_axes", reduction_axes)
         )
         rngs = as_rngs(rngs, "GroupNorm")
-        self.scale = _param(scale_init, rngs, num_features, param_dtype) if use_scale else None
-        self.bias = _param(bias_init, rngs, num_features, param_dtype) if use_bias else None
+        self.scale, self.bias = _scale_and_bias(
+            "GroupNorm",
+            num_features,
+            param_dtype,
+            rngs,
+            (scale_init, scale_sharding) if use_scale else None,
+            (bias_init, bias_sharding) if use_bias else None,
+        )
         self.num_features = num_features
         self.num_groups = num_features // value if given == "group_size" else value
         self.group_size = num_features // self.num_groups
@@ -459,7 +511,10 @@ class BatchNorm(Module):
         use_bias: whether to add the learned `bias`.
         use_scale: whether to multiply by the learned `scale`.
         bias_init: initializer of `bias`.
+        bias_sharding: the same for `bias`.
         scale_init: initializer of `scale`.
+        scale_sharding: how to split `scale` over a device mesh, e.g. `("model",)` (see
+            `Linear`'s `kernel_sharding`).
         axis_name: also average the batch statistics over this named axis.
         use_fast_variance: compute the variance as `E[x^2] - E[x]^2` (one pass).
         rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
@@ -492,7 +547,9 @@ class BatchNorm(Module):
         use_bias: bool = True,
         use_scale: bool = True,
         bias_init: initializers.Initializer = initializers.zeros,
+        bias_sharding: Any = None,
         scale_init: initializers.Initializer = initializers.ones,
+        scale_sharding: Any = None,
         axis_name: Any = None,
         use_fast_variance: bool = True,
         rngs: Any = None,
@@ -509,8 +566,14 @@ class BatchNorm(Module):
         rngs = as_rngs(rngs, "BatchNorm")
         self.mean = BatchStat(jnp.zeros((num_features,), jnp.float32))
         self.var = BatchStat(jnp.ones((num_features,), jnp.float32))
-        self.scale = _param(scale_init, rngs, num_features, param_dtype) if use_scale else None
-        self.bias = _param(bias_init, rngs, num_features, param_dtype) if use_bias else None
+        self.scale, self.bias = _scale_and_bias(
+            "BatchNorm",
+            num_features,
+            param_dtype,
+            rngs,
+            (scale_init, scale_sharding) if use_scale else None,
+            (bias_init, bias_sharding) if use_bias else None,
+        )
         self.num_features = num_features
         self.use_running_average = use_running_average
         self.dtype = dtype
