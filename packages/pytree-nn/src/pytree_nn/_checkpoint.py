@@ -18,6 +18,7 @@ import safetensors.numpy
 
 import pytree_graph
 from pytree_graph import State, Variable
+from pytree_graph._split_merge import _locate
 from pytree_graph._traverse import show_path
 from pytree_module import Module
 
@@ -437,7 +438,5 @@ def load_checkpoint(
 
 def _in_frozen(model: Any, path: Path) -> bool:
     """Whether the value at `path` is an attribute of a frozen Module (which refuses writes)."""
-    parent = model
-    for key in path[:-1]:
-        parent = parent[key] if isinstance(parent, list | tuple | dict) else getattr(parent, key)
+    parent, _ = _locate(model, path)  # the walk `update` itself makes
     return isinstance(parent, Module) and type(parent).__module_frozen__
