@@ -48,11 +48,14 @@ def run_example(
 
 
 @contextlib.contextmanager
-def started_example(name: str, *args: str) -> Iterator[subprocess.Popen]:
+def started_example(
+    name: str, *args: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen]:
     """Start `examples/NAME.py` in the background (so it runs on the other core while the
-    test goes on); read it with `.communicate()`. It is killed if still running at the end."""
+    test goes on), with `env` as for `run_example`; read it with `.communicate()`. It is
+    killed if still running at the end."""
     process = subprocess.Popen(
-        _command(name, args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        _command(name, args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
     try:
         yield process

@@ -26,9 +26,8 @@ def test_partition_specs_follow_the_metadata():
     assert specs["scale"] == PartitionSpec()
 
 
+@pytest.mark.multi_device
 def test_named_shardings_place_the_state_on_a_mesh():
-    if len(jax.devices()) < 8:
-        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
     model = Linear()
     st = state(model)

@@ -378,6 +378,20 @@ def test_vmap_with_axes_per_filter():
     assert layer.w.value.shape == (3,)
 
 
+class Scaler(Module):
+    def __init__(self):
+        self.w = Param(jnp.full(3, 2.0))
+
+    def scale(self, x):
+        return x * self.w.value
+
+
+def test_vmap_of_a_bound_method_maps_its_arguments_and_broadcasts_the_module():
+    scaler = Scaler()
+    out = pg.vmap(scaler.scale)(jnp.arange(12.0).reshape(4, 3))
+    assert jnp.array_equal(out, jnp.arange(12.0).reshape(4, 3) * 2)
+
+
 def test_vmap_errors():
     layer = Layer()
     with pytest.raises(ValueError, match="differs across the batch"):

@@ -824,9 +824,16 @@ def test_linear_equinox(use_bias):
     [
         (0, {}),
         (1, {}),
-        (3, dict(activation=jnp.tanh, final_activation=jax.nn.sigmoid)),
+        # str() of a function holds its address, which differs between processes (pytest-xdist).
+        pytest.param(
+            3, dict(activation=jnp.tanh, final_activation=jax.nn.sigmoid), id="3-tanh-sigmoid"
+        ),
         (2, dict(use_bias=False)),
-        (2, dict(use_final_bias=False, activation=jax.nn.softplus)),
+        pytest.param(
+            2,
+            dict(use_final_bias=False, activation=jax.nn.softplus),
+            id="2-softplus-use_final_bias=False",
+        ),
     ],
     ids=str,
 )

@@ -31,11 +31,6 @@ from pytree_nn import (
     save_checkpoint,
 )
 
-needs_8_devices = pytest.mark.skipif(
-    len(jax.devices()) < 8,
-    reason="needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)",
-)
-
 
 def _mesh(shape, names):
     return Mesh(np.array(jax.devices()[: int(np.prod(shape))]).reshape(shape), names)
@@ -61,6 +56,22 @@ def _shard_shapes(array):
         (lambda s: RMSNorm(8, scale_sharding=s, rngs=0), "scale", ("model",)),
         (lambda s: GroupNorm(8, num_groups=2, bias_sharding=s, rngs=0), "bias", ("model",)),
         (lambda s: BatchNorm(8, scale_sharding=s, rngs=0), "scale", ("model",)),
+        (
+            lambda s: MultiHeadAttention(2, 8, qkv_kernel_sharding=s, rngs=0).key,
+            "kernel",
+            (None, "model", None),
+        ),
+        (
+            lambda s: MultiHeadAttention(2, 8, qkv_bias_sharding=s, rngs=0).value,
+            "bias",
+            ("model", None),
+        ),
+        (
+            lambda s: MultiHeadAttention(2, 8, out_kernel_sharding=s, rngs=0).out,
+            "kernel",
+            ("model", None, None),
+        ),
+        (lambda s: MultiHeadAttention(2, 8, out_bias_sharding=s, rngs=0).out, "bias", ("m",)),
     ],
     ids=[
         "linear-kernel",
@@ -73,6 +84,10 @@ def _shard_shapes(array):
         "rmsnorm",
         "groupnorm",
         "batchnorm",
+        "attention-qkv-kernel",
+        "attention-qkv-bias",
+        "attention-out-kernel",
+        "attention-out-bias",
     ],
 )
 def test_layers_store_their_parameters_sharding(make, name, sharding):
@@ -106,6 +121,13 @@ def test_a_bad_bias_sharding_draws_not_even_the_scales_key():
     assert int(rngs.default.count.value) == 0
 
 
+def test_a_bad_out_sharding_draws_not_even_the_query_keys():
+    rngs = Rngs(0)
+    with pytest.raises(ValueError, match="MultiHeadAttention: out_kernel_sharding has 2"):
+        MultiHeadAttention(2, 8, out_kernel_sharding=("model", None), rngs=rngs)
+    assert int(rngs.default.count.value) == 0
+
+
 # ----------------------------------------------------------------------------- create_sharded
 
 
@@ -120,7 +142,7 @@ class MLP(Module):
         return self.out(jax.nn.relu(self.hidden(x)))
 
 
-@needs_8_devices
+@pytest.mark.multi_device
 def test_create_sharded_splits_every_parameter_as_its_metadata_says():
     mesh = _mesh((2, 4), ("data", "model"))
     rngs = Rngs(0)
@@ -173,7 +195,7 @@ def regression():
     return x, (x[:, :4] * 2 - x[:, 4:8]).astype(np.float32)
 
 
-@needs_8_devices
+@pytest.mark.multi_device
 @pytest.mark.parametrize(
     ("mesh_shape", "kernel"),
     [((8,), None), ((8,), ("data", None))],
@@ -194,14 +216,25 @@ def test_mlp_training_on_8_devices_matches_one_device(regression, mesh_shape, ke
 
 
 class Block(Module):
-    """A pre-norm transformer block: causal self-attention and an MLP, each residual."""
+    """A pre-norm transformer block: causal self-attention and an MLP, each residual.
 
-    def __init__(self, rngs):
+    With `tensor_parallel`, Megatron-style: the heads and the MLP's hidden units are split
+    over "model", and the projections that gather them are split on their input side.
+    """
+
+    def __init__(self, rngs, tensor_parallel=False):
+        split = "model" if tensor_parallel else None
         self.norm1 = LayerNorm(16, rngs=rngs)
-        self.attention = MultiHeadAttention(4, 16, decode=False, rngs=rngs)
+        self.attention = MultiHeadAttention(
+            4,
+            16,
+            qkv_kernel_sharding=(None, split, None),
+            out_kernel_sharding=(split, None, None),
+            rngs=rngs,
+        )
         self.norm2 = LayerNorm(16, rngs=rngs)
-        self.up = Linear(16, 32, rngs=rngs)
-        self.down = Linear(32, 16, rngs=rngs)
+        self.up = Linear(16, 32, kernel_sharding=(None, split), rngs=rngs)
+        self.down = Linear(32, 16, kernel_sharding=(split, None), rngs=rngs)
 
     def __call__(self, x):
         mask = make_causal_mask(jnp.ones(x.shape[:-1]))
@@ -209,32 +242,21 @@ class Block(Module):
         return x + self.down(jax.nn.gelu(self.up(self.norm2(x))))
 
 
-def _tensor_parallel(block):
-    """Megatron-style: heads and the MLP's hidden units split over "model", the projections
-    that gather them split on their input side."""
-    for name in ("query", "key", "value"):
-        getattr(block.attention, name).kernel.sharding = (None, "model", None)
-    block.attention.out.kernel.sharding = ("model", None, None)
-    block.up.kernel.sharding = (None, "model")
-    block.down.kernel.sharding = ("model", None)
-    return block
-
-
-@needs_8_devices
+@pytest.mark.multi_device
 def test_transformer_block_with_data_and_tensor_parallelism_matches_one_device():
     rng = np.random.default_rng(1)
     x = rng.normal(size=(4, 8, 16)).astype(np.float32)
     y = np.roll(x, 1, axis=-1)
     single = _train(Block(Rngs(0)), x, y)
     mesh = _mesh((2, 4), ("data", "model"))
-    model = pg.create_sharded(lambda rngs: _tensor_parallel(Block(rngs)), mesh, Rngs(0))
+    model = pg.create_sharded(Block, mesh, Rngs(0), tensor_parallel=True)
     assert _shard_shapes(model.attention.query.kernel.value) == {(16, 1, 4)}  # a head each
     batch = NamedSharding(mesh, PartitionSpec("data"))
     sharded = _train(model, jax.device_put(x, batch), jax.device_put(y, batch))
     np.testing.assert_allclose(sharded, single, rtol=1e-5, atol=1e-6)
 
 
-@needs_8_devices
+@pytest.mark.multi_device
 def test_a_sharded_checkpoint_loads_onto_another_mesh_shape(tmp_path):
     path = tmp_path / "sharded.safetensors"
     wide = pg.create_sharded(
@@ -249,3 +271,25 @@ def test_a_sharded_checkpoint_loads_onto_another_mesh_shape(tmp_path):
     np.testing.assert_array_equal(kernel, wide.hidden.kernel.value)
     assert _shard_shapes(kernel) == {(4, 16)}  # laid out on the new mesh: 16x32 over 4x2
     assert kernel.sharding.mesh.devices.shape == (4, 2)
+
+
+# ------------------------------------------------------------------------- real accelerators
+
+
+class Wide(Module):
+    """One 2 GiB kernel (float32), split over every device."""
+
+    def __init__(self, rngs):
+        self.kernel = Linear(16384, 32768, use_bias=False, kernel_sharding=(None, "model"),
+                             rngs=rngs).kernel  # fmt: skip
+
+
+@pytest.mark.accelerator
+def test_create_sharded_never_holds_the_whole_model_on_one_device():
+    devices = jax.devices()
+    mesh = Mesh(np.array(devices), ("model",))
+    model = pg.create_sharded(Wide, mesh, Rngs(0))
+    full = model.kernel.value.nbytes
+    assert _shard_shapes(model.kernel.value) == {(16384, 32768 // len(devices))}
+    for device in devices:  # the peak is since the process began: no step held it all
+        assert device.memory_stats()["peak_bytes_in_use"] < full

@@ -16,9 +16,11 @@ from ._refs import deref as deref
 from ._refs import reref as reref
 from ._remat import eval_shape as eval_shape
 from ._remat import remat as remat
+from ._shard_map import shard_map as shard_map
 from ._sharding import create_sharded as create_sharded
 from ._sharding import get_named_sharding as get_named_sharding
 from ._sharding import get_partition_spec as get_partition_spec
+from ._sharding import shard as shard
 from ._split_merge import clone as clone
 from ._split_merge import graphdef as graphdef
 from ._split_merge import merge as merge

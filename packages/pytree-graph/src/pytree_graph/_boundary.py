@@ -19,6 +19,7 @@ describes the whole graph, and the caller's objects are updated to match it.
 """
 
 import functools
+import types
 from typing import Any
 
 import jax
@@ -452,6 +453,9 @@ class Call:
         if type(fun) is functools.partial and holds_graph_nodes((fun.args, fun.keywords)):
             # e.g. a transformed method, bound to its Module: lift what it is bound to
             fun = Partial(fun.func, *fun.args, **fun.keywords)
+        elif type(fun) is types.MethodType and holds_graph_nodes(fun.__self__):
+            # e.g. `model.__call__`: Python binds special methods itself, not as pytrees
+            fun = Partial(fun.__func__, fun.__self__)
         self.fun = fun
         self.lift_fun = holds_graph_nodes(fun)
 
@@ -473,10 +477,10 @@ class Call:
         The argument is an int (positional), a str (keyword), or None (the function
         itself).
         """
-        if self.lift_fun:
-            if path[0] == 0:
-                return None, path[1:]
-            path = path[1:]
+        # The tree is `(args, kwargs)`, or `(fun, args, kwargs)`: either way the argument's
+        # index or name comes second.
+        if self.lift_fun and path[0] == 0:
+            return None, path[1:]
         return path[1], path[2:]
 
     def argument_record(self, graphdef: GraphDef, argument: int) -> tuple:

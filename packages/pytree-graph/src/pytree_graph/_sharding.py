@@ -1,5 +1,6 @@
 """Shardings from Variables' `sharding` metadata: `get_partition_spec`, `get_named_sharding`,
-and `create_sharded`, which builds a model directly on a device mesh."""
+`shard`, which lays a model out on a device mesh, and `create_sharded`, which builds one
+there."""
 
 from collections.abc import Callable
 from typing import Any
@@ -9,16 +10,22 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pytree_module import Module
 
+from ._boundary import holds_graph_nodes
 from ._jit import jit
 from ._split_merge import state, update
+from ._state import State
 from ._variables import Variable, is_variable
+
+
+def spec_of(leaf: Any) -> PartitionSpec:
+    """The `PartitionSpec` of one Variable (from its `sharding` metadata) or array."""
+    axes = leaf.metadata.get("sharding") if isinstance(leaf, Variable) else None
+    return PartitionSpec() if axes is None else PartitionSpec(*axes)
 
 
 def _spec(leaf: Any) -> Any:
     if isinstance(leaf, Variable):
-        axes = leaf.metadata.get("sharding")
-        spec = PartitionSpec() if axes is None else PartitionSpec(*axes)
-        return leaf.replace(spec)
+        return leaf.replace(spec_of(leaf))
     if leaf is None:
         return None
     return PartitionSpec()
@@ -87,6 +94,60 @@ def get_named_sharding(tree: Any, mesh: Mesh) -> Any:
     return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs)
 
 
+def _is_graph(tree: Any) -> bool:
+    """Whether `tree` is an object graph to lay out in place (a State is a plain pytree)."""
+    return not isinstance(tree, State) and holds_graph_nodes(tree)
+
+
+def shard(tree: Any, mesh: Mesh) -> Any:
+    """Lay out every Variable and array of a model or State on `mesh`, as the Variables'
+    `sharding` metadata says (the rest replicated).
+
+    Outside a transform the arrays move (`jax.device_put`); inside one (under
+    `pytree_graph.jit`, say) the layout is a constraint on the compiled code
+    (`jax.lax.with_sharding_constraint`): use it there to pin the layout of values the
+    step computes, e.g. parameters after an optimizer update, instead of leaving it to
+    the compiler's sharding propagation.
+
+    Arguments:
+        tree: a Module or other object graph (laid out in place: its Variables keep
+            their identity), or a State or pytree of arrays (a new one is returned).
+        mesh: the device mesh whose axis names the `sharding` metadata uses.
+
+    Returns:
+        `tree` itself for an object graph; the laid-out copy for a State or pytree.
+
+    Raises:
+        ValueError: the `sharding` metadata names an axis the mesh does not have (nothing
+            is moved).
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, numpy as np
+        >>> from jax.sharding import Mesh, PartitionSpec
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, shard
+        >>> class Dense(Module):
+        ...     def __init__(self):
+        ...         self.w = Param(jnp.ones((4, 8)), sharding=(None, "model"))
+        >>> mesh = Mesh(np.array(jax.devices()[:1]), ("model",))
+        >>> dense = shard(Dense(), mesh)
+        >>> dense.w.value.sharding.mesh.axis_names
+        ('model',)
+    """
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"shard: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}.")
+    values = state(tree) if _is_graph(tree) else tree
+    shardings = get_named_sharding(values, mesh)
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(values)):
+        placed = jax.lax.with_sharding_constraint(values, shardings)
+    else:
+        placed = jax.device_put(values, shardings)
+    if not _is_graph(tree):
+        return placed
+    update(tree, placed)
+    return tree
+
+
 def create_sharded(make: Callable[..., Any], mesh: Mesh, *args: Any, **kwargs: Any) -> Any:
     """Build a model directly on a device mesh: `make(*args, **kwargs)`, each array placed
     as its Variable's `sharding` metadata says.
@@ -94,7 +155,8 @@ def create_sharded(make: Callable[..., Any], mesh: Mesh, *args: Any, **kwargs: A
     The model is built inside one compiled function whose outputs are constrained to their
     `NamedSharding`s, so each device computes only its own shard of every parameter: a
     model too large for one device is never gathered on one. Arrays without `sharding`
-    metadata are replicated.
+    metadata are replicated. Building with the same `make` on the same mesh again (with
+    arguments of the same structure) reuses the compiled function.
 
     Arguments:
         make: builds the model (a Module class, or any function returning a graph of
@@ -136,10 +198,11 @@ def create_sharded(make: Callable[..., Any], mesh: Mesh, *args: Any, **kwargs: A
             f"create_sharded: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}."
         )
 
-    def build(*args: Any, **kwargs: Any) -> Any:
-        model = make(*args, **kwargs)
-        values = state(model)
-        update(model, jax.lax.with_sharding_constraint(values, get_named_sharding(values, mesh)))
-        return model
+    return _build_and_shard(make, mesh, args, kwargs)
 
-    return jit(build)(*args, **kwargs)
+
+@jit
+def _build_and_shard(make: Callable[..., Any], mesh: Mesh, args: tuple, kwargs: dict) -> Any:
+    # One compiled function for every call: `make` and `mesh` are static, so building the
+    # same model on the same mesh again reuses the compiled code.
+    return shard(make(*args, **kwargs), mesh)

@@ -8,14 +8,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pytree_graph import Cache, Param
+from pytree_graph import Cache
 from pytree_module import data
 
 from . import initializers
-from ._checks import check_features
+from ._checks import check_features, check_sharding
 from ._dropout import drop
 from ._dtypes import promote_dtype
-from ._linear import default_kernel_init
+from ._linear import default_kernel_init, sharded_param
 from ._module import Module
 from ._rngs import as_rngs
 
@@ -301,6 +301,9 @@ class HeadProjection(Module):
         precision: the matmul precision, or None.
         kernel_init: initializer of the kernel (seen as a matrix, see above).
         bias_init: initializer of the bias.
+        kernel_sharding: the kernel's mesh axes, one entry per dimension (a name, a
+            tuple of names, or None), stored as its `sharding` metadata; None: none.
+        bias_sharding: the bias's mesh axes, likewise.
         rngs: an `Rngs`, a PRNG key or an int seed.
 
     Examples:
@@ -322,6 +325,8 @@ class HeadProjection(Module):
         precision: Any = None,
         kernel_init: initializers.Initializer = default_kernel_init,
         bias_init: initializers.Initializer = initializers.zeros,
+        kernel_sharding: Sequence[Any] | None = None,
+        bias_sharding: Sequence[Any] | None = None,
         rngs: Any = None,
     ):
         in_features, out_features = tuple(in_features), tuple(out_features)
@@ -330,12 +335,23 @@ class HeadProjection(Module):
             **{f"in_features[{i}]": n for i, n in enumerate(in_features)},
             **{f"out_features[{i}]": n for i, n in enumerate(out_features)},
         )
+        kernel_sharding = check_sharding(
+            "HeadProjection", "kernel_sharding", kernel_sharding, len(in_features + out_features)
+        )
+        bias_sharding = check_sharding(
+            "HeadProjection", "bias_sharding", bias_sharding, len(out_features)
+        )
         rngs = as_rngs(rngs, "HeadProjection")
         matrix = (math.prod(in_features), math.prod(out_features))
         kernel = kernel_init(rngs.params(), matrix, param_dtype)
-        self.kernel = Param(jnp.reshape(kernel, in_features + out_features))
+        self.kernel = sharded_param(
+            jnp.reshape(kernel, in_features + out_features), kernel_sharding
+        )
         self.bias = (
-            Param(jnp.reshape(bias_init(rngs.params(), matrix[1:], param_dtype), out_features))
+            sharded_param(
+                jnp.reshape(bias_init(rngs.params(), matrix[1:], param_dtype), out_features),
+                bias_sharding,
+            )
             if use_bias
             else None
         )
@@ -413,6 +429,13 @@ class MultiHeadAttention(Module):
             dropout_rate=, broadcast_dropout=, deterministic=, dtype=, precision=)` on the
             projected `(batch..., length, num_heads, head_dim)` arrays.
         decode: start in decode mode (see above; `init_cache` first).
+        qkv_kernel_sharding: the mesh axes of the `query`, `key` and `value` kernels
+            `(in_features, num_heads, head_dim)`, e.g. `(None, "model", None)` to split
+            the heads (tensor parallelism); stored as their `sharding` metadata.
+        qkv_bias_sharding: the mesh axes of their biases `(num_heads, head_dim)`.
+        out_kernel_sharding: the mesh axes of the `out` kernel
+            `(num_heads, head_dim, out_features)`, e.g. `("model", None, None)`.
+        out_bias_sharding: the mesh axes of its bias `(out_features,)`.
         rngs: an `Rngs`, a PRNG key or an int seed (parameters from its `params` stream,
             dropout keys from its `dropout` stream).
 
@@ -447,6 +470,10 @@ class MultiHeadAttention(Module):
         use_bias: bool = True,
         attention_fn: Callable[..., jax.Array] = dot_product_attention,
         decode: bool = False,
+        qkv_kernel_sharding: Sequence[Any] | None = None,
+        qkv_bias_sharding: Sequence[Any] | None = None,
+        out_kernel_sharding: Sequence[Any] | None = None,
+        out_bias_sharding: Sequence[Any] | None = None,
         rngs: Any = None,
     ):
         qkv_features = in_features if qkv_features is None else qkv_features
@@ -481,11 +508,20 @@ class MultiHeadAttention(Module):
                 "MultiHeadAttention: attention_fn must be a function such as "
                 f"dot_product_attention, got {type(attention_fn).__name__}."
             )
+        shardings = {
+            name: check_sharding("MultiHeadAttention", name, value, ndim)
+            for name, value, ndim in (
+                ("qkv_kernel_sharding", qkv_kernel_sharding, 3),
+                ("qkv_bias_sharding", qkv_bias_sharding, 2),
+                ("out_kernel_sharding", out_kernel_sharding, 3),
+                ("out_bias_sharding", out_bias_sharding, 1),
+            )
+        }
         rngs = as_rngs(rngs, "MultiHeadAttention")
         head_dim = qkv_features // num_heads
 
         def projection(
-            in_shape: tuple[int, ...], out_shape: tuple[int, ...], init: Any
+            in_shape: tuple[int, ...], out_shape: tuple[int, ...], init: Any, of: str
         ) -> HeadProjection:
             return HeadProjection(
                 in_shape,
@@ -496,14 +532,16 @@ class MultiHeadAttention(Module):
                 precision=precision,
                 kernel_init=init,
                 bias_init=bias_init,
+                kernel_sharding=shardings[f"{of}_kernel_sharding"],
+                bias_sharding=shardings[f"{of}_bias_sharding"],
                 rngs=rngs,
             )
 
         heads = (num_heads, head_dim)
-        self.query = projection((in_features,), heads, kernel_init)
-        self.key = projection((in_kv_features,), heads, kernel_init)
-        self.value = projection((in_kv_features,), heads, kernel_init)
-        self.out = projection(heads, (out_features,), out_kernel_init or kernel_init)
+        self.query = projection((in_features,), heads, kernel_init, "qkv")
+        self.key = projection((in_kv_features,), heads, kernel_init, "qkv")
+        self.value = projection((in_kv_features,), heads, kernel_init, "qkv")
+        self.out = projection(heads, (out_features,), out_kernel_init or kernel_init, "out")
         self.num_heads = num_heads
         self.in_features = in_features
         self.qkv_features = qkv_features

@@ -1,0 +1,186 @@
+"""`shard_map` for functions of object graphs: each device runs the function on its own
+shard of the model's Variables, and what it writes comes back sharded the same way."""
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, PartitionSpec
+
+from pytree_transforms._method import BindsAsMethod
+
+from ._boundary import Call, Inside, Lifted, holds_graph_nodes
+from ._sharding import spec_of
+from ._state import State
+from ._traverse import show_path
+from ._variables import Variable
+
+
+def _spec_table(spec: Any) -> dict[tuple, PartitionSpec] | None:
+    """`{path: spec}` for a per-leaf spec (a State or graph as `get_partition_spec` gives);
+    None for a single `PartitionSpec`."""
+    if isinstance(spec, PartitionSpec):
+        return None
+    if not isinstance(spec, State):
+        raise TypeError(
+            "shard_map: the spec of an argument holding Modules or Variables must be a "
+            "PartitionSpec (for all its arrays) or the State of PartitionSpecs that "
+            f"`pytree_graph.get_partition_spec(argument)` gives; got {spec!r}."
+        )
+    table = {}
+    for path, leaf in spec.flat_state().items():
+        value = leaf.value if isinstance(leaf, Variable) else leaf
+        if not isinstance(value, PartitionSpec):
+            raise TypeError(
+                f"shard_map: the spec at {show_path(path)} is {value!r}, not a PartitionSpec."
+            )
+        table[path] = value
+    return table
+
+
+class _GraphShardMap(BindsAsMethod):
+    """The function `shard_map` returns."""
+
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        mesh: Any,
+        in_specs: Any,
+        out_specs: Any,
+        shard_map_kwargs: dict[str, Any],
+    ):
+        self._call = Call(fun)
+        self._in_specs = tuple(in_specs) if isinstance(in_specs, list | tuple) else in_specs
+        self._mesh = mesh
+        self._out_specs = out_specs
+        self._kwargs = shard_map_kwargs
+        functools.update_wrapper(self, fun, updated=())
+
+    def _argument_spec(self, argument: Any, num_args: int) -> Any:
+        if isinstance(argument, str):
+            raise TypeError(
+                f"shard_map: keyword argument {argument!r} holds arrays; pass arrays "
+                "positionally, each with its spec in in_specs."
+            )
+        if not isinstance(self._in_specs, tuple):
+            return self._in_specs
+        if len(self._in_specs) != num_args:
+            raise ValueError(
+                f"shard_map: in_specs has {len(self._in_specs)} entries but the function "
+                f"was called with {num_args} positional argument(s); give one spec each."
+            )
+        return self._in_specs[argument]
+
+    def _leaf_specs(self, lifted: Lifted, num_args: int) -> list[PartitionSpec]:
+        tables: dict[Any, Any] = {}
+        specs = []
+        for path, leaf in zip(lifted.paths, lifted.leaves, strict=True):
+            argument, relative = self._call.split_path(path)
+            if argument is None:  # the function itself (a Module, a bound method)
+                specs.append(spec_of(leaf))
+                continue
+            if argument not in tables:
+                spec = self._argument_spec(argument, num_args)
+                tables[argument] = (spec, _spec_table(spec))
+            spec, table = tables[argument]
+            if table is None:
+                specs.append(spec)
+                continue
+            if relative not in table:
+                where = "the function" if argument is None else f"argument {argument}"
+                raise ValueError(
+                    f"shard_map: {where} holds a {type(leaf).__name__} at "
+                    f"{show_path(relative)} that its spec State has no entry for. Build the "
+                    "spec with `pytree_graph.get_partition_spec(argument)`, from the same "
+                    "object."
+                )
+            specs.append(table[relative])
+        return specs
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        call = self._call
+        lifted = Lifted(call.tree(args, kwargs))
+        specs = self._leaf_specs(lifted, len(args))
+
+        def per_device(values: list[Any]) -> Any:
+            inside = Inside(lifted.graphdef, values)
+            out = call.run(inside.tree)
+            if holds_graph_nodes(out):
+                raise TypeError(
+                    "shard_map: the function returned a Module or Variable; inside "
+                    "shard_map, change the objects passed in place (the changes are "
+                    "written back) and return arrays."
+                )
+            after, outcome, _ = inside.fixed_outcome(None, "shard_map")
+            return after, outcome, out
+
+        values, outcome, out = jax.shard_map(
+            per_device,
+            mesh=self._mesh,
+            in_specs=(specs,),
+            out_specs=(specs, PartitionSpec(), self._out_specs),
+            **self._kwargs,
+        )(lifted.values)
+        lifted.write_changes(outcome, values)
+        return out
+
+
+def shard_map(
+    fun: Callable[..., Any] | None = None,
+    *,
+    mesh: Mesh | None = None,
+    in_specs: Any,
+    out_specs: Any,
+    **shard_map_kwargs: Any,
+) -> Any:
+    """`jax.shard_map` for functions of Modules and Variables: each device runs `fun` on
+    its own shard of every array, and Variables written inside come back sharded.
+
+    Each positional argument gets a spec in `in_specs`: a `PartitionSpec` (for every array
+    of that argument), or, for an argument holding Modules or Variables, the State of
+    specs `get_partition_spec(argument)` gives, so each Variable is split as its
+    `sharding` metadata says. The function itself, when it is a Module or a method
+    bound to one, is split by its metadata. Inside, `fun` sees each shard (a Variable
+    split over "model" on 4 devices holds a quarter of the array) and communicates with
+    collectives such as `jax.lax.psum` over the mesh's axis names. Variables it writes
+    are written back with the spec they came in with; a replicated one (spec `P()`) must
+    get the same value on every device. The objects' structure must not change inside.
+
+    Arguments:
+        fun: the function; it returns arrays (not Modules). Omit it to get a decorator.
+        mesh: the device mesh (None: the mesh set with `jax.set_mesh`).
+        in_specs: one spec for every positional argument, or a tuple with one per
+            argument.
+        out_specs: the specs of the output, as for `jax.shard_map`.
+        **shard_map_kwargs: passed on to `jax.shard_map` (`axis_names`, `check_vma`).
+
+    Returns:
+        The function, mapped over the mesh's devices.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, numpy as np
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, get_partition_spec, shard_map
+        >>> class Dense(Module):
+        ...     def __init__(self):
+        ...         self.w = Param(jnp.ones((4, 2)), sharding=("model", None))
+        >>> mesh = Mesh(np.array(jax.devices()[:1]), ("model",))
+        >>> dense = Dense()
+        >>> def forward(model, x):  # x and w split along the contracted axis: sum them up
+        ...     return jax.lax.psum(x @ model.w.value, "model")
+        >>> specs = (get_partition_spec(dense), P(None, "model"))
+        >>> f = shard_map(forward, mesh=mesh, in_specs=specs, out_specs=P())
+        >>> f(dense, jnp.ones((3, 4))).tolist()
+        [[4.0, 4.0], [4.0, 4.0], [4.0, 4.0]]
+    """
+    if fun is None:
+        return functools.partial(
+            shard_map, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **shard_map_kwargs
+        )
+    if not callable(fun):
+        raise TypeError(f"shard_map expects a function, got {type(fun).__name__}: {fun!r}.")
+    if mesh is not None and not isinstance(mesh, Mesh | jax.sharding.AbstractMesh):
+        raise TypeError(f"shard_map: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}.")
+    return _GraphShardMap(fun, mesh, in_specs, out_specs, shard_map_kwargs)
