@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from pytree_graph import Param, State, get_named_sharding, get_partition_spec, state
+from pytree_graph import (
+    Param,
+    State,
+    axis_rules,
+    create_sharded,
+    get_named_sharding,
+    get_partition_spec,
+    state,
+)
 from pytree_module import Module
 
 
@@ -47,3 +55,60 @@ def test_unknown_mesh_axes_are_named():
     mesh = Mesh(np.array(jax.devices()[:1]), ("batch",))
     with pytest.raises(ValueError, match=r"mesh axes \['data', 'model'\].*its axes: \['batch'\]"):
         get_named_sharding(Linear(), mesh)
+
+
+# ------------------------------------------------------------------------------ axis rules
+
+
+class Roles(Module):
+    """Dimensions named by role, as layers written for any layout name them."""
+
+    def __init__(self):
+        self.kernel = Param(jnp.ones((8, 16)), sharding=("embed", "mlp"))
+        self.both = Param(jnp.ones(16), sharding=(("embed", "mlp"),))
+
+
+def test_axis_rules_map_logical_names_to_mesh_axes():
+    model = Roles()
+    with axis_rules({"embed": None, "mlp": "model"}):
+        specs = get_partition_spec(model)
+        assert specs["kernel"].value == PartitionSpec(None, "model")
+        assert specs["both"].value == PartitionSpec("model")  # None dropped from the group
+        with axis_rules([("embed", "data")]):  # inner rules add to, and override, outer
+            assert get_partition_spec(model)["kernel"].value == PartitionSpec("data", "model")
+            assert get_partition_spec(model)["both"].value == PartitionSpec(("data", "model"))
+        assert get_partition_spec(model)["kernel"].value == PartitionSpec(None, "model")
+    # Without rules the names are taken as mesh axes.
+    assert get_partition_spec(model)["kernel"].value == PartitionSpec("embed", "mlp")
+    assert Roles().kernel.sharding == ("embed", "mlp")  # the metadata itself is unchanged
+
+
+def test_unmapped_logical_names_are_named_with_the_way_to_map_them():
+    mesh = Mesh(np.array(jax.devices()[:1]), ("model",))
+    with (
+        axis_rules({"mlp": "model"}),
+        pytest.raises(ValueError, match=r"mesh axes \['embed'\].*pytree_graph\.axis_rules"),
+    ):
+        get_named_sharding(Roles(), mesh)
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [{"embed": 1}, {3: "data"}, "embed", [("embed",)], {"embed": ("data", 2)}],
+    ids=["int-axis", "int-name", "string", "short-pair", "int-in-tuple"],
+)
+def test_bad_axis_rules_are_refused(rules):
+    with pytest.raises(TypeError, match="axis_rules expects"), axis_rules(rules):
+        pass
+    assert get_partition_spec(Roles())["kernel"].value == PartitionSpec("embed", "mlp")
+
+
+@pytest.mark.multi_device
+def test_create_sharded_follows_the_rules_in_force_and_is_rebuilt_when_they_change():
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    with axis_rules({"embed": None, "mlp": "model"}):
+        tensor_parallel = create_sharded(Roles, mesh)
+    with axis_rules({"embed": "data", "mlp": None}):
+        fully_sharded = create_sharded(Roles, mesh)  # the same make and mesh, new rules
+    assert {s.data.shape for s in tensor_parallel.kernel.value.addressable_shards} == {(8, 4)}
+    assert {s.data.shape for s in fully_sharded.kernel.value.addressable_shards} == {(4, 16)}

@@ -3,6 +3,7 @@
 from .__about__ import __version__ as __version__
 from ._autodiff import grad as grad
 from ._autodiff import value_and_grad as value_and_grad
+from ._axis_rules import axis_rules as axis_rules
 from ._control_flow import cond as cond
 from ._control_flow import fori_loop as fori_loop
 from ._control_flow import scan as scan

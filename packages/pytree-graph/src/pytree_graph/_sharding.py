@@ -10,6 +10,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pytree_module import Module
 
+from ._axis_rules import active_rules, axis_rules, to_mesh_axes
 from ._boundary import holds_graph_nodes
 from ._jit import jit
 from ._split_merge import state, update
@@ -18,9 +19,10 @@ from ._variables import Variable, is_variable
 
 
 def spec_of(leaf: Any) -> PartitionSpec:
-    """The `PartitionSpec` of one Variable (from its `sharding` metadata) or array."""
+    """The `PartitionSpec` of one Variable (from its `sharding` metadata, logical names
+    mapped by the `axis_rules` in force) or array."""
     axes = leaf.metadata.get("sharding") if isinstance(leaf, Variable) else None
-    return PartitionSpec() if axes is None else PartitionSpec(*axes)
+    return PartitionSpec() if axes is None else PartitionSpec(*to_mesh_axes(axes))
 
 
 def _spec(leaf: Any) -> Any:
@@ -35,7 +37,8 @@ def get_partition_spec(tree: Any) -> Any:
     """The `PartitionSpec` of every Variable, from its `sharding` metadata.
 
     A Variable with `sharding=("data", None)` gets `PartitionSpec("data", None)`; one
-    without it, and every bare array, gets `PartitionSpec()` (replicated).
+    without it, and every bare array, gets `PartitionSpec()` (replicated). Logical axis
+    names are mapped to mesh axes by the `axis_rules` in force.
 
     Arguments:
         tree: a State, a Module (its `state` is used), or any pytree holding Variables.
@@ -89,7 +92,8 @@ def get_named_sharding(tree: Any, mesh: Mesh) -> Any:
         raise ValueError(
             f"get_named_sharding: the `sharding` metadata names mesh axes {sorted(missing)}, "
             f"which the mesh does not have (its axes: {list(mesh.axis_names)}). Use the "
-            "mesh's axis names in the Variables' `sharding` metadata."
+            "mesh's axis names in the Variables' `sharding` metadata, or map logical names "
+            "to them with `pytree_graph.axis_rules`."
         )
     return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs)
 
@@ -198,11 +202,14 @@ def create_sharded(make: Callable[..., Any], mesh: Mesh, *args: Any, **kwargs: A
             f"create_sharded: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}."
         )
 
-    return _build_and_shard(make, mesh, args, kwargs)
+    return _build_and_shard(make, mesh, active_rules(), args, kwargs)
 
 
 @jit
-def _build_and_shard(make: Callable[..., Any], mesh: Mesh, args: tuple, kwargs: dict) -> Any:
-    # One compiled function for every call: `make` and `mesh` are static, so building the
-    # same model on the same mesh again reuses the compiled code.
-    return shard(make(*args, **kwargs), mesh)
+def _build_and_shard(
+    make: Callable[..., Any], mesh: Mesh, rules: tuple, args: tuple, kwargs: dict
+) -> Any:
+    # One compiled function for every call: `make`, `mesh` and the axis rules are static, so
+    # building the same model on the same mesh, with the same rules, reuses the compiled code.
+    with axis_rules(rules):
+        return shard(make(*args, **kwargs), mesh)
