@@ -34,6 +34,13 @@ def test_partition_specs_follow_the_metadata():
     assert specs["scale"] == PartitionSpec()
 
 
+def test_a_partition_spec_as_metadata_is_used_as_it_is():
+    state = State({"w": Param(jnp.ones((4, 2)), sharding=PartitionSpec(("data", "model")))})
+    assert get_partition_spec(state)["w"].value == PartitionSpec(("data", "model"))
+    with axis_rules({"model": None}):  # rules apply to a PartitionSpec's names too
+        assert get_partition_spec(state)["w"].value == PartitionSpec("data")
+
+
 @pytest.mark.multi_device
 def test_named_shardings_place_the_state_on_a_mesh():
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))

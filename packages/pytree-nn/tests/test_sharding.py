@@ -114,6 +114,18 @@ def test_bad_shardings_are_refused_before_any_key_is_drawn(kwargs, error, messag
     assert int(rngs.default.count.value) == 0
 
 
+def test_a_partition_spec_is_a_sharding_whose_left_out_dimensions_are_not_split():
+    layer = Conv(3, 8, (3, 3), kernel_sharding=PartitionSpec(None, None, None, "model"), rngs=0)
+    assert layer.kernel.sharding == (None, None, None, "model")
+    linear = Linear(4, 8, kernel_sharding=PartitionSpec(("data", "model")), rngs=0)
+    assert linear.kernel.sharding == (("data", "model"), None)
+    assert pg.get_partition_spec(linear)["kernel"].value == PartitionSpec(("data", "model"), None)
+    with pytest.raises(ValueError, match="kernel_sharding has 3 entries but the parameter has 2"):
+        Linear(4, 8, kernel_sharding=PartitionSpec("a", None, None), rngs=0)
+    with pytest.raises(TypeError, match=r"must be a tuple \(or PartitionSpec\)"):
+        Linear(4, 8, kernel_sharding=PartitionSpec(PartitionSpec.UNCONSTRAINED, None), rngs=0)
+
+
 def test_a_bad_bias_sharding_draws_not_even_the_scales_key():
     rngs = Rngs(0)
     with pytest.raises(ValueError, match="LayerNorm: bias_sharding has 2 entries"):

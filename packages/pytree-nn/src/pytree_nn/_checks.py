@@ -4,6 +4,7 @@ import math
 from typing import Any
 
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 
 def check_features(layer: str, **sizes: Any) -> None:
@@ -34,9 +35,12 @@ def check_input(layer: str, x: Any, axis: int, expected: int, name: str) -> None
 
 def check_sharding(layer: str, name: str, sharding: Any, ndim: int) -> tuple[Any, ...] | None:
     """A parameter's sharding: None, or one mesh axis name (a str), several (a tuple of str)
-    or None per dimension. Refuses anything else, naming the argument."""
+    or None per dimension, as a tuple or a `PartitionSpec` (which may leave out trailing
+    dimensions: they are not split). Refuses anything else, naming the argument."""
     if sharding is None:
         return None
+    if isinstance(sharding, PartitionSpec):
+        sharding = tuple(sharding) + (None,) * (ndim - len(sharding))
 
     def is_axis(entry: Any) -> bool:
         if isinstance(entry, tuple):
@@ -45,8 +49,9 @@ def check_sharding(layer: str, name: str, sharding: Any, ndim: int) -> tuple[Any
 
     if not isinstance(sharding, tuple | list) or not all(map(is_axis, sharding)):
         raise TypeError(
-            f"{layer}: {name} must be a tuple with one entry per dimension, each a mesh "
-            f"axis name, a tuple of names or None, e.g. (None, 'model'); got {sharding!r}."
+            f"{layer}: {name} must be a tuple (or PartitionSpec) with one entry per "
+            "dimension, each a mesh axis name, a tuple of names or None, e.g. "
+            f"(None, 'model'); got {sharding!r}."
         )
     if len(sharding) != ndim:
         raise ValueError(
