@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+from _format import format_ratio, format_time
 
 
 def sync_cpu_dispatch() -> None:
@@ -150,24 +151,14 @@ class Row:
 HEADER = ("measurement", "implementation", "time (us)", "ratio", "target", "met?")
 
 
-def _fmt_time(us: float | None) -> str:
-    if us is None:
-        return "n/a"
-    return f"{us:.3f}" if us < 1 else f"{us:.2f}" if us < 100 else f"{us:.0f}"
-
-
-def _fmt_ratio(ratio: float) -> str:
-    return f"{ratio:.0f}x" if ratio >= 100 else f"{ratio:#.3g}x"
-
-
 def markdown_table(rows: list[Row]) -> str:
     """Render rows as a markdown table with the columns of `HEADER`."""
     lines = ["| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
     for row in rows:
         met = "" if row.met is None else "yes" if row.met else "**no**"
-        ratio = "" if row.ratio is None else _fmt_ratio(row.ratio)
+        ratio = "" if row.ratio is None else format_ratio(row.ratio)
         impl = f"{row.implementation} ({row.note})" if row.note else row.implementation
-        cells = (row.measurement, impl, _fmt_time(row.time_us), ratio, row.target, met)
+        cells = (row.measurement, impl, format_time(row.time_us), ratio, row.target, met)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -34,6 +34,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from _format import format_ratio
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
@@ -120,10 +122,6 @@ def entries(benchmark: str, document: dict) -> list[Entry]:
     return found
 
 
-def _ratio_text(ratio: float) -> str:
-    return f"{ratio:.0f}x" if ratio >= 100 else f"{ratio:#.3g}x"
-
-
 def _short_name(implementation: str, note: str) -> str:
     """What tells a library's rows of one measurement apart: the Module or training style,
     else the row's note or what follows the library's name."""
@@ -137,9 +135,9 @@ def _cell(found: list[tuple[str, float]] | None) -> str:
     if not found:
         return "—"
     if len(found) == 1:
-        return _ratio_text(found[0][1])
+        return format_ratio(found[0][1])
     parts = [
-        f"{_ratio_text(ratio)} ({name})" if name else _ratio_text(ratio) for name, ratio in found
+        f"{format_ratio(ratio)} ({name})" if name else format_ratio(ratio) for name, ratio in found
     ]
     return "<br>".join(parts)
 
@@ -175,7 +173,7 @@ def summary_markdown(documents: dict[str, dict], found: Sequence[Entry], plots: 
     first = next(iter(documents.values()))
     missed = [
         f"- {SUBJECTS.get(e.benchmark, e.benchmark)}, {e.measurement}: {impl}, "
-        f"{_ratio_text(ratio)} ({target})"
+        f"{format_ratio(ratio)} ({target})"
         for e in found
         for impl, target, met, ratio in e.targets
         if not met
@@ -248,7 +246,7 @@ def plot(found: Sequence[Entry], title: str, path: Path, with_package: bool = Fa
             legend = library if library not in seen else None
             seen.add(library)
             axes.barh(y, ratio, height * 0.9, color=COLOURS[library], label=legend)
-            text = f" {_ratio_text(ratio)}" + (f" ({name})" if name else "")
+            text = f" {format_ratio(ratio)}" + (f" ({name})" if name else "")
             axes.text(ratio, y, text, va="center", fontsize=7)
     axes.set_yticks(range(len(found)), [_plot_label(e, with_package) for e in found], fontsize=8)
     axes.invert_yaxis()

@@ -19,7 +19,11 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def _load_run_all():
-    # benchmarks/ is not a package. Dataclasses look their module up in sys.modules.
+    # benchmarks/ is not a package: its scripts import their siblings as top-level modules
+    # (run as scripts, their folder is on the path). Dataclasses look their module up in
+    # sys.modules.
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location("run_all", BENCHMARKS / "run_all.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

@@ -11,6 +11,7 @@ from pytree_graph import (
     State,
     axis_rules,
     create_sharded,
+    eval_shape,
     get_named_sharding,
     get_partition_spec,
     state,
@@ -119,3 +120,15 @@ def test_create_sharded_follows_the_rules_in_force_and_is_rebuilt_when_they_chan
         fully_sharded = create_sharded(Roles, mesh)  # the same make and mesh, new rules
     assert {s.data.shape for s in tensor_parallel.kernel.value.addressable_shards} == {(8, 4)}
     assert {s.data.shape for s in fully_sharded.kernel.value.addressable_shards} == {(4, 16)}
+
+
+@pytest.mark.multi_device
+def test_an_abstract_model_gives_the_shardings_create_sharded_uses():
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    abstract = eval_shape(Linear)  # nothing allocated
+    assert isinstance(abstract.kernel.value, jax.ShapeDtypeStruct)
+    planned = get_named_sharding(abstract, mesh)
+    built = create_sharded(Linear, mesh)
+    for name in ("kernel", "bias"):
+        assert getattr(built, name).value.sharding == planned[name].value
+    assert planned["kernel"].value.shard_shape(abstract.kernel.value.shape) == (4, 1)
