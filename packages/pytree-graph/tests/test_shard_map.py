@@ -103,6 +103,124 @@ def test_filter_shard_takes_the_named_shardings_of_a_state():
     assert _shard_shapes(inside["w"].value) == {(1, 4)}
 
 
+# ----------------------------------------------------------- jit's in_shardings, out_shardings
+
+
+def _rows(mesh):
+    return NamedSharding(mesh, P("model", None))
+
+
+@pytest.mark.multi_device
+def test_in_shardings_lay_out_the_arguments_and_the_variables_written():
+    mesh = _mesh()
+    model = Dense()  # on one device: in_shardings move it
+    untouched = pg.Variable(jnp.ones(8))
+    model.untouched = untouched
+    seen = []
+
+    @pg.jit(in_shardings=(pg.get_named_sharding(model, mesh), NamedSharding(mesh, P())))
+    def step(model, x):
+        seen.append(model.w.value.shape)  # traced: the global shape
+        model.w.value = model.w.value * x  # left alone, XLA might pick any layout
+        return jnp.sum(model.w.value)
+
+    total = step(model, jnp.array(2.0))
+    assert float(total) == float(np.arange(32.0).sum() * 2)
+    assert model.w.value.sharding.is_equivalent_to(_rows(mesh), 2)  # written: laid out
+    assert _shard_shapes(model.w.value) == {(1, 4)}
+    assert model.untouched is untouched and _shard_shapes(untouched.value) == {(8,)}
+    step(model, jnp.array(2.0))
+    step(model, jnp.array(0.5))
+    assert step._jitted._cache_size() == 2  # the model came in on one device, then split
+    np.testing.assert_array_equal(model.w.value, np.arange(32.0).reshape(8, 4) * 2)
+
+
+@pytest.mark.multi_device
+def test_out_shardings_lay_out_the_output_and_new_variables():
+    mesh = _mesh()
+    columns = NamedSharding(mesh, P(None, "model"))
+
+    @pg.jit(out_shardings=(columns, {"new": _rows(mesh), "kept": None}))
+    def make(x):
+        return x * 2, {"new": pg.Param(x + 1), "kept": x}
+
+    doubled, made = make(jnp.ones((8, 8)))
+    assert _shard_shapes(doubled) == {(8, 1)}
+    assert isinstance(made["new"], pg.Param) and _shard_shapes(made["new"].value) == {(1, 8)}
+    np.testing.assert_array_equal(made["kept"], np.ones((8, 8)))
+
+
+@pytest.mark.multi_device
+def test_one_sharding_or_a_prefix_covers_a_whole_argument():
+    mesh = _mesh()
+    params = {"a": jnp.ones((8, 8)), "b": pg.Param(jnp.ones((8, 8)))}
+
+    @pg.jit(in_shardings=_rows(mesh))  # every array of every argument
+    def scale(params, factor):
+        params["b"].value = params["b"].value * factor
+        return params["a"] * factor
+
+    scale(params, jnp.ones((8, 8)))
+    assert _shard_shapes(params["b"].value) == {(1, 8)}
+
+    @pg.jit(in_shardings=({"a": None, "b": _rows(mesh)},))  # a prefix of the argument
+    def grow(params):
+        params["b"].value = params["b"].value + params["a"]
+
+    params["b"].value = jnp.zeros((8, 8))
+    grow(params)
+    assert _shard_shapes(params["b"].value) == {(1, 8)}
+    np.testing.assert_array_equal(params["b"].value, np.ones((8, 8)))
+    with jax.set_mesh(mesh):  # a PartitionSpec names the axes of the mesh in force
+
+        @pg.jit(in_shardings=P(None, "model"))
+        def halve(params):
+            params["b"].value = params["b"].value / 2
+
+        halve(params)
+    assert _shard_shapes(params["b"].value) == {(8, 1)}
+
+
+@pytest.mark.multi_device
+def test_in_shardings_with_donated_arguments():
+    mesh = _mesh()
+    model = Dense()
+
+    @pg.jit(in_shardings=(pg.get_named_sharding(model, mesh),), donate_argnums=0)
+    def double(model):
+        model.w.value = model.w.value * 2
+
+    double(model)
+    assert _shard_shapes(model.w.value) == {(1, 4)}
+    np.testing.assert_array_equal(model.w.value, np.arange(32.0).reshape(8, 4) * 2)
+
+
+def test_bad_shardings_are_named_and_nothing_changes():
+    mesh = _mesh(1)
+    model = Dense()
+    before = model.w.value
+
+    def double(model, x=None):
+        model.w.value = model.w.value * 2
+
+    other = pg.get_named_sharding(pg.state({"v": pg.Param(jnp.ones(2))}), mesh)
+    replicated = NamedSharding(mesh, P())
+    cases = [
+        ((other,), {}, ValueError, r"in_shardings\[0\] has no entry for the value at \.calls"),
+        ((replicated, replicated), {}, ValueError, "in_shardings has 2 entries but the"),
+        (("model",), {}, TypeError, r"in_shardings\[0\]: the entry at the top level is 'model'"),
+        (replicated, {"x": jnp.ones(2)}, TypeError, "keyword argument 'x' holds arrays"),
+    ]
+    for shardings, kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            pg.jit(double, in_shardings=shardings)(model, **kwargs)
+        assert model.w.value is before
+    with pytest.raises(ValueError, match=r"out_shardings has no entry for the value at \[1\]"):
+        pg.jit(lambda x: (x, x), out_shardings=(replicated,))(jnp.ones(2))
+    with pytest.raises(TypeError, match=r"pytree_graph\.jit does not take `static_argnums`"):
+        pg.jit(double, static_argnums=1)
+
+
 # -------------------------------------------------------------------------------- shard_map
 
 
@@ -166,11 +284,11 @@ def test_shard_map_names_what_is_wrong():
     mesh = _mesh(1)
     model = Dense()
     other = pg.get_partition_spec(pg.state({"v": pg.Param(jnp.ones(2))}))
-    with pytest.raises(ValueError, match=r"argument 0 holds a Variable at \.calls that its spec"):
+    with pytest.raises(ValueError, match=r"in_specs\[0\] has no entry for the Variable at \.calls"):
         pg.shard_map(lambda m: m.w.value, mesh=mesh, in_specs=(other,), out_specs=P())(model)
     with pytest.raises(ValueError, match="in_specs has 2 entries but the function was called"):
         pg.shard_map(lambda m: m.w.value, mesh=mesh, in_specs=(P(), P()), out_specs=P())(model)
-    with pytest.raises(TypeError, match=r"must be a PartitionSpec \(for all its arrays\) or"):
+    with pytest.raises(TypeError, match=r"in_specs\[0\]: the entry at the top level is 'model'"):
         pg.shard_map(lambda m: m.w.value, mesh=mesh, in_specs=("model",), out_specs=P())(model)
     with pytest.raises(TypeError, match="returned a Module or Variable"):
         pg.shard_map(lambda m: m, mesh=mesh, in_specs=P(), out_specs=P())(model)

@@ -258,8 +258,8 @@ def test_jit_errors_on_a_non_callable_and_options_it_cannot_honour():
         pg.jit(3)
     with pytest.raises(TypeError, match="does not take `static_argnums`: every argument"):
         pg.jit(lambda x: x, static_argnums=0)
-    with pytest.raises(TypeError, match="does not take `in_shardings`"):
-        pg.jit(in_shardings=None)
+    with pytest.raises(TypeError, match="does not take `donate_argnames`: donate by position"):
+        pg.jit(donate_argnames="x")
 
 
 # ------------------------------------------------------------------------ autodiff

@@ -227,26 +227,35 @@ def test_mlp_training_on_8_devices_matches_one_device(regression, mesh_shape, ke
         assert _shard_shapes(model.out.kernel.value) == {(4, 4)}
 
 
+# The kernels' shardings of each layout: (query/key/value, output projection, MLP up, down).
+LAYOUTS = {
+    "data-parallel": (None, None, None, None),
+    # Fully sharded: every kernel split over the batch's axis, along one of its dimensions.
+    "fully-sharded": (("data", None, None), (None, None, "data"), ("data", None), ("data", None)),
+    # Megatron-style: the heads and the MLP's hidden units split over "model", and the
+    # projections that gather them split on their input side.
+    "tensor-parallel": (
+        (None, "model", None),
+        ("model", None, None),
+        (None, "model"),
+        ("model", None),
+    ),
+}
+
+
 class Block(Module):
-    """A pre-norm transformer block: causal self-attention and an MLP, each residual.
+    """A pre-norm transformer block: causal self-attention and an MLP, each residual, with
+    its kernels laid out as `layout` (a key of LAYOUTS) says."""
 
-    With `tensor_parallel`, Megatron-style: the heads and the MLP's hidden units are split
-    over "model", and the projections that gather them are split on their input side.
-    """
-
-    def __init__(self, rngs, tensor_parallel=False):
-        split = "model" if tensor_parallel else None
+    def __init__(self, rngs, layout="data-parallel"):
+        qkv, out, up, down = LAYOUTS[layout]
         self.norm1 = LayerNorm(16, rngs=rngs)
         self.attention = MultiHeadAttention(
-            4,
-            16,
-            qkv_kernel_sharding=(None, split, None),
-            out_kernel_sharding=(split, None, None),
-            rngs=rngs,
+            4, 16, qkv_kernel_sharding=qkv, out_kernel_sharding=out, rngs=rngs
         )
         self.norm2 = LayerNorm(16, rngs=rngs)
-        self.up = Linear(16, 32, kernel_sharding=(None, split), rngs=rngs)
-        self.down = Linear(32, 16, kernel_sharding=(split, None), rngs=rngs)
+        self.up = Linear(16, 32, kernel_sharding=up, rngs=rngs)
+        self.down = Linear(32, 16, kernel_sharding=down, rngs=rngs)
 
     def __call__(self, x):
         mask = make_causal_mask(jnp.ones(x.shape[:-1]))
@@ -254,18 +263,35 @@ class Block(Module):
         return x + self.down(jax.nn.gelu(self.up(self.norm2(x))))
 
 
-@pytest.mark.multi_device
-def test_transformer_block_with_data_and_tensor_parallelism_matches_one_device():
+@pytest.fixture(scope="module")
+def sequences():
     rng = np.random.default_rng(1)
-    x = rng.normal(size=(4, 8, 16)).astype(np.float32)
-    y = np.roll(x, 1, axis=-1)
+    x = rng.normal(size=(8, 8, 16)).astype(np.float32)
+    return x, np.roll(x, 1, axis=-1)
+
+
+@pytest.mark.multi_device
+@pytest.mark.parametrize(
+    ("layout", "mesh_shape", "query_shard"),
+    [
+        ("data-parallel", (8, 1), (16, 4, 4)),  # whole on every device
+        ("fully-sharded", (8, 1), (2, 4, 4)),  # an eighth of the input features
+        ("tensor-parallel", (2, 4), (16, 1, 4)),  # a head each
+    ],
+)
+def test_transformer_block_training_on_8_devices_matches_one_device(
+    sequences, layout, mesh_shape, query_shard
+):
+    x, y = sequences
     single = _train(Block(Rngs(0)), x, y)
-    mesh = _mesh((2, 4), ("data", "model"))
-    model = pg.create_sharded(Block, mesh, Rngs(0), tensor_parallel=True)
-    assert _shard_shapes(model.attention.query.kernel.value) == {(16, 1, 4)}  # a head each
+    mesh = _mesh(mesh_shape, ("data", "model"))
+    model = pg.create_sharded(Block, mesh, Rngs(0), layout)
+    assert _shard_shapes(model.attention.query.kernel.value) == {query_shard}
     batch = NamedSharding(mesh, PartitionSpec("data"))
     sharded = _train(model, jax.device_put(x, batch), jax.device_put(y, batch))
     np.testing.assert_allclose(sharded, single, rtol=1e-5, atol=1e-6)
+    assert sharded[-1] < sharded[0]
+    assert _shard_shapes(model.attention.query.kernel.value) == {query_shard}  # after training
 
 
 @pytest.mark.multi_device

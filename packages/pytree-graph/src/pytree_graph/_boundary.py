@@ -206,9 +206,11 @@ class Inside:
 
     Attributes:
         tree: the rebuilt argument tree: new Modules and Variables, shared as outside.
+        after: once `outcome` has run, the walk it made of the arguments and the output
+            (its `paths` give the path of each value it returned).
     """
 
-    __slots__ = ("graphdef", "objects", "tree", "values")
+    __slots__ = ("after", "graphdef", "objects", "tree", "values")
 
     def __init__(self, graphdef: "GraphDef | Reordered", values: list[Any]):
         if type(graphdef) is Reordered:
@@ -218,6 +220,7 @@ class Inside:
         self.values = values
         self.objects: list[Any] = [None] * graphdef.num_objects
         self.tree = Builder(values, self.objects).visit(graphdef.root)
+        self.after: _After | None = None
 
     def outcome(self, out: Any, full: bool = False) -> tuple["Outcome", list[Any]]:
         """Describe what the function changed and returned: `(outcome, values)`.
@@ -227,7 +230,7 @@ class Inside:
                 ones).
             full: describe the whole graph (form `STRUCTURE`) even if only values changed.
         """
-        after = _After(self, out)
+        after = self.after = _After(self, out)
         if after.same and not after.arrays_replaced and not full:
             changed = tuple(after.changed)
             new_values = [after.values[p] for p in changed]
@@ -312,6 +315,7 @@ class _After:
         "objects",
         "out_record",
         "out_values",
+        "paths",
         "same",
         "values",
     )
@@ -341,6 +345,7 @@ class _After:
                         self.arrays_replaced = True
         self.out_record = walk.visit(out, ("<output>",))
         self.out_values = list(map(value_of, walk.leaves[self.num_leaves :]))
+        self.paths = walk.paths  # the arguments' leaves, then the output's
         self.objects = walk.objects
         self.num_objects = len(walk.objects)
 
@@ -482,6 +487,10 @@ class Call:
         if self.lift_fun and path[0] == 0:
             return None, path[1:]
         return path[1], path[2:]
+
+    def num_args(self, graphdef: GraphDef) -> int:
+        """How many positional arguments the call a lifted tree's graphdef describes has."""
+        return len(graphdef.root[1][1 if self.lift_fun else 0][1])
 
     def argument_record(self, graphdef: GraphDef, argument: int) -> tuple:
         """The record of positional argument `argument` in a lifted tree's graphdef."""

@@ -5,10 +5,12 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+from jax.sharding import PartitionSpec, Sharding
 
 from pytree_transforms._method import BindsAsMethod
 
-from ._boundary import _ONLY_AN_ARRAY, Call, Inside, Reordered
+from ._argument_specs import NO_ENTRY, ArgumentSpecs, SpecTable
+from ._boundary import _ONLY_AN_ARRAY, VALUES, Call, Inside, Outcome, Reordered
 from ._graphdef import GraphDef
 from ._lift_cache import lift_cache
 
@@ -20,10 +22,24 @@ class _GraphJit(BindsAsMethod):
         self._call = call = Call(fun)
         donate = jit_kwargs.pop("donate_argnums", ())
         self._donate = frozenset((donate,) if isinstance(donate, int) else donate)
+        in_shardings = jit_kwargs.pop("in_shardings", None)
+        out_shardings = jit_kwargs.pop("out_shardings", None)
+        layout = (
+            None
+            if in_shardings is None and out_shardings is None
+            else _Layout(call, in_shardings, out_shardings)
+        )
 
         def pure(graphdef: GraphDef | Reordered, values: list[Any]) -> Any:
-            inside = Inside(graphdef, values)
-            return inside.outcome(call.run(inside.tree))
+            if layout is None:
+                inside = Inside(graphdef, values)
+                return inside.outcome(call.run(inside.tree))
+            if type(graphdef) is Reordered:  # in leaf order, where the paths are
+                values = [values[i] for i in graphdef.order]
+                graphdef = graphdef.graphdef
+            inside = Inside(graphdef, layout.inputs(graphdef, values))
+            outcome, out_values = inside.outcome(call.run(inside.tree))
+            return outcome, layout.outputs(inside, outcome, out_values)
 
         def pure_donating(graphdef: GraphDef, donated: list[Any], kept: list[Any], mask: tuple):
             donated_values, kept_values = iter(donated), iter(kept)
@@ -66,10 +82,22 @@ def jit(fun: Callable[..., Any] | None = None, **jit_kwargs: Any) -> Any:
     or Variables are static, as with `filter_jit`. Mutating an object the function closes
     over (instead of taking it as an argument) raises `TraceContextError`.
 
+    Shardings (`in_shardings`, `out_shardings`) are given as for `jax.jit`, except that an
+    argument holding Modules or Variables takes either one sharding for all its arrays or
+    a sharding per Variable: the State that `get_named_sharding(argument, mesh)` gives.
+    Inside, each value is laid out so (`jax.lax.with_sharding_constraint`), and the
+    Variables the function writes are laid out as they came in, so parameters updated by
+    an optimizer keep their layout from step to step. `None` leaves a value's layout to
+    the compiler.
+
     Arguments:
         fun: the function. Omit it to get a decorator.
         **jit_kwargs: passed on to `jax.jit` (e.g. `donate_argnums`, which donates every
-            array and Variable value of those arguments).
+            array and Variable value of those arguments), except `in_shardings`: one
+            sharding, or a tuple with one per positional argument (each a sharding, a
+            State of them, or a pytree prefix of the argument), also laying out the
+            Variables written; and `out_shardings`: the same for the output (its new
+            arrays and Variables; objects that came in keep their `in_shardings`).
 
     Returns:
         The compiled function. As a class attribute it binds like a method.
@@ -110,8 +138,79 @@ _REFUSED_OPTIONS = {
     "static_argnames": "every argument that is not an array, Module or Variable is "
     "static already (and arrays are always traced).",
     "donate_argnames": "donate by position with `donate_argnums`.",
-    "in_shardings": "place the arrays before the call (e.g. `jax.device_put` with "
-    "`get_named_sharding`); compiled code follows their shardings.",
-    "out_shardings": "constrain values inside the function with "
-    "`jax.lax.with_sharding_constraint`.",
 }
+
+
+def _is_sharding(value: Any) -> bool:
+    return value is None or isinstance(value, Sharding | PartitionSpec)
+
+
+_SHARDING = (
+    "a jax.sharding.Sharding (such as a NamedSharding), a PartitionSpec (under "
+    "`jax.set_mesh`), or None (laid out by the compiler)"
+)
+
+
+def _unconstrained(leaf: Any) -> None:
+    return None
+
+
+def _constrain(value: Any, sharding: Any) -> Any:
+    if sharding is None or sharding is NO_ENTRY:
+        return value
+    return jax.lax.with_sharding_constraint(value, sharding)
+
+
+class _Layout:
+    """A graph jit's `in_shardings` and `out_shardings`, as constraints on traced values.
+
+    They are resolved to one sharding per value while tracing, from the values' paths, so
+    a compiled call costs nothing more.
+    """
+
+    __slots__ = ("call", "given", "returned")
+
+    def __init__(self, call: Call, in_shardings: Any, out_shardings: Any):
+        self.call = call
+        self.given = (
+            None
+            if in_shardings is None
+            else ArgumentSpecs(
+                "pytree_graph.jit", "in_shardings", in_shardings, _is_sharding, _SHARDING
+            )
+        )
+        self.returned = (
+            None
+            if out_shardings is None
+            else SpecTable(out_shardings, _is_sharding, "out_shardings", _SHARDING)
+        )
+
+    def inputs(self, graphdef: GraphDef, values: list[Any]) -> list[Any]:
+        """The values the function gets (in leaf order), laid out as `in_shardings` say."""
+        if self.given is None:
+            return values
+        num_args = self.call.num_args(graphdef)
+        shardings = self.given.for_leaves(
+            self.call, graphdef.paths, None, num_args, of_function=_unconstrained
+        )
+        return list(map(_constrain, values, shardings))
+
+    def outputs(self, inside: Inside, outcome: Outcome, values: list[Any]) -> list[Any]:
+        """The values the call returns (written Variables, then the output's), laid out."""
+        after = inside.after
+        if outcome.form == VALUES:  # the Variables written, by leaf position
+            written = [after.paths[position] for position in outcome.changed]
+        else:  # the whole graph of the arguments, described again
+            written = after.paths[: after.num_leaves]
+        values = list(values)
+        if self.given is not None:
+            num_args = self.call.num_args(inside.graphdef)
+            shardings = self.given.for_leaves(
+                self.call, written, None, num_args, of_function=_unconstrained, strict=False
+            )
+            values[: len(written)] = map(_constrain, values[: len(written)], shardings)
+        if self.returned is not None:
+            out_paths = after.paths[after.num_leaves :]
+            for i, path in enumerate(out_paths, start=len(written)):
+                values[i] = _constrain(values[i], self.returned.find(path[1:], None))
+        return values

@@ -10,33 +10,9 @@ from jax.sharding import Mesh, PartitionSpec
 
 from pytree_transforms._method import BindsAsMethod
 
+from ._argument_specs import ArgumentSpecs
 from ._boundary import Call, Inside, Lifted, holds_graph_nodes
 from ._sharding import spec_of
-from ._state import State
-from ._traverse import show_path
-from ._variables import Variable
-
-
-def _spec_table(spec: Any) -> dict[tuple, PartitionSpec] | None:
-    """`{path: spec}` for a per-leaf spec (a State or graph as `get_partition_spec` gives);
-    None for a single `PartitionSpec`."""
-    if isinstance(spec, PartitionSpec):
-        return None
-    if not isinstance(spec, State):
-        raise TypeError(
-            "shard_map: the spec of an argument holding Modules or Variables must be a "
-            "PartitionSpec (for all its arrays) or the State of PartitionSpecs that "
-            f"`pytree_graph.get_partition_spec(argument)` gives; got {spec!r}."
-        )
-    table = {}
-    for path, leaf in spec.flat_state().items():
-        value = leaf.value if isinstance(leaf, Variable) else leaf
-        if not isinstance(value, PartitionSpec):
-            raise TypeError(
-                f"shard_map: the spec at {show_path(path)} is {value!r}, not a PartitionSpec."
-            )
-        table[path] = value
-    return table
 
 
 class _GraphShardMap(BindsAsMethod):
@@ -51,57 +27,25 @@ class _GraphShardMap(BindsAsMethod):
         shard_map_kwargs: dict[str, Any],
     ):
         self._call = Call(fun)
-        self._in_specs = tuple(in_specs) if isinstance(in_specs, list | tuple) else in_specs
+        self._in_specs = ArgumentSpecs(
+            "shard_map",
+            "in_specs",
+            in_specs,
+            lambda spec: isinstance(spec, PartitionSpec),
+            "a PartitionSpec (build a spec per Variable with "
+            "`pytree_graph.get_partition_spec(argument)`)",
+        )
         self._mesh = mesh
         self._out_specs = out_specs
         self._kwargs = shard_map_kwargs
         functools.update_wrapper(self, fun, updated=())
 
-    def _argument_spec(self, argument: Any, num_args: int) -> Any:
-        if isinstance(argument, str):
-            raise TypeError(
-                f"shard_map: keyword argument {argument!r} holds arrays; pass arrays "
-                "positionally, each with its spec in in_specs."
-            )
-        if not isinstance(self._in_specs, tuple):
-            return self._in_specs
-        if len(self._in_specs) != num_args:
-            raise ValueError(
-                f"shard_map: in_specs has {len(self._in_specs)} entries but the function "
-                f"was called with {num_args} positional argument(s); give one spec each."
-            )
-        return self._in_specs[argument]
-
-    def _leaf_specs(self, lifted: Lifted, num_args: int) -> list[PartitionSpec]:
-        tables: dict[Any, Any] = {}
-        specs = []
-        for path, leaf in zip(lifted.paths, lifted.leaves, strict=True):
-            argument, relative = self._call.split_path(path)
-            if argument is None:  # the function itself (a Module, a bound method)
-                specs.append(spec_of(leaf))
-                continue
-            if argument not in tables:
-                spec = self._argument_spec(argument, num_args)
-                tables[argument] = (spec, _spec_table(spec))
-            spec, table = tables[argument]
-            if table is None:
-                specs.append(spec)
-                continue
-            if relative not in table:
-                where = "the function" if argument is None else f"argument {argument}"
-                raise ValueError(
-                    f"shard_map: {where} holds a {type(leaf).__name__} at "
-                    f"{show_path(relative)} that its spec State has no entry for. Build the "
-                    "spec with `pytree_graph.get_partition_spec(argument)`, from the same "
-                    "object."
-                )
-            specs.append(table[relative])
-        return specs
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         call = self._call
         lifted = Lifted(call.tree(args, kwargs))
-        specs = self._leaf_specs(lifted, len(args))
+        specs = self._in_specs.for_leaves(
+            call, lifted.paths, lifted.leaves, len(args), of_function=spec_of
+        )
 
         def per_device(values: list[Any]) -> Any:
             inside = Inside(lifted.graphdef, values)
@@ -140,7 +84,8 @@ def shard_map(
     Each positional argument gets a spec in `in_specs`: a `PartitionSpec` (for every array
     of that argument), or, for an argument holding Modules or Variables, the State of
     specs `get_partition_spec(argument)` gives, so each Variable is split as its
-    `sharding` metadata says. The function itself, when it is a Module or a method
+    `sharding` metadata says (any pytree prefix of an argument, with PartitionSpecs at its
+    leaves, works too). The function itself, when it is a Module or a method
     bound to one, is split by its metadata. Inside, `fun` sees each shard (a Variable
     split over "model" on 4 devices holds a quarter of the array) and communicates with
     collectives such as `jax.lax.psum` over the mesh's axis names. Variables it writes

@@ -1,0 +1,172 @@
+"""Specs given per argument (`shard_map`'s `in_specs`, `jit`'s `in_shardings`), resolved to
+one spec for each Variable and array of a lifted call."""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from pytree_filter import path_keys
+
+from ._boundary import Call
+from ._state import State
+from ._traverse import show_path
+from ._variables import Variable
+
+Path = tuple[Any, ...]
+
+# A leaf with no entry in a lenient lookup (see `SpecTable.find`).
+NO_ENTRY = object()
+
+
+class SpecTable:
+    """One argument's spec: a single spec for all its arrays, or one per path.
+
+    Arguments:
+        spec: a single spec (what `is_spec` accepts); or the State that
+            `get_partition_spec` / `get_named_sharding` gives, a spec per Variable; or a
+            pytree prefix of the argument whose leaves are specs (a dict of them for a
+            dict of arrays, say).
+        is_spec: whether a value is one spec.
+        where: what the spec belongs to, for errors (e.g. "in_shardings[0]").
+        expected: what a spec may be, for errors.
+
+    Raises:
+        TypeError: a leaf of `spec` is not a spec.
+    """
+
+    __slots__ = ("by_path", "single", "where")
+
+    def __init__(self, spec: Any, is_spec: Callable[[Any], bool], where: str, expected: str):
+        self.where = where
+        self.single = is_spec(spec)
+        self.by_path: dict[Path, Any] = {}
+        if self.single:
+            self.by_path[()] = spec
+            return
+        if isinstance(spec, State):
+            items = spec.flat_state().items()
+        else:
+            flat, _ = jax.tree_util.tree_flatten_with_path(
+                spec, is_leaf=lambda x: is_spec(x) or isinstance(x, Variable)
+            )
+            items = ((path_keys(path), leaf) for path, leaf in flat)
+        for path, leaf in items:
+            value = leaf.value if isinstance(leaf, Variable) else leaf
+            if not is_spec(value):
+                raise TypeError(
+                    f"{where}: the entry at {show_path(path)} is {value!r}; each entry must "
+                    f"be {expected}."
+                )
+            self.by_path[path] = value
+
+    def find(self, path: Path, leaf: Any, strict: bool = True) -> Any:
+        """The spec of the leaf at `path` (relative to the argument): the entry at `path`
+        or at the nearest path above it.
+
+        Raises:
+            ValueError: (`strict`) no entry covers `path`; without `strict`, `NO_ENTRY` is
+                returned instead.
+        """
+        for length in range(len(path), -1, -1):
+            found = self.by_path.get(path[:length], NO_ENTRY)
+            if found is not NO_ENTRY:
+                return found
+        if not strict:
+            return NO_ENTRY
+        what = "value" if leaf is None else type(leaf).__name__
+        raise ValueError(
+            f"{self.where} has no entry for the {what} at {show_path(path)}. "
+            "Build a per-Variable spec from the same object it is given for (e.g. "
+            "`pytree_graph.get_named_sharding(model, mesh)`, after any change to the "
+            "model's structure), or give one spec for the whole argument."
+        )
+
+
+class ArgumentSpecs:
+    """Per-argument specs of a transform, as one table per positional argument.
+
+    Arguments:
+        transform: the transform's name, for errors (e.g. "shard_map").
+        option: the option's name (e.g. "in_specs").
+        specs: one spec for every positional argument, or a tuple (or list) with one each.
+        is_spec: whether a value is one spec.
+        expected: what a spec may be, for errors.
+    """
+
+    __slots__ = ("_tables", "expected", "is_spec", "option", "specs", "transform")
+
+    def __init__(
+        self,
+        transform: str,
+        option: str,
+        specs: Any,
+        is_spec: Callable[[Any], bool],
+        expected: str,
+    ):
+        self.transform = transform
+        self.option = option
+        self.specs = tuple(specs) if type(specs) in (list, tuple) else specs
+        self.is_spec = is_spec
+        self.expected = expected
+        self._tables: dict[int, SpecTable] = {}
+
+    def table(self, argument: Any, num_args: int) -> SpecTable:
+        """The table of positional argument `argument` of a call with `num_args` of them.
+
+        Raises:
+            TypeError: `argument` is a keyword argument's name.
+            ValueError: a tuple of specs does not have one per positional argument.
+        """
+        if isinstance(argument, str):
+            raise TypeError(
+                f"{self.transform}: keyword argument {argument!r} holds arrays; pass arrays "
+                f"positionally, each with its spec in {self.option}."
+            )
+        if isinstance(self.specs, tuple):
+            if len(self.specs) != num_args:
+                raise ValueError(
+                    f"{self.transform}: {self.option} has {len(self.specs)} entries but the "
+                    f"function was called with {num_args} positional argument(s); give one "
+                    "spec each."
+                )
+            spec, where = self.specs[argument], f"{self.option}[{argument}]"
+        else:
+            spec, where = self.specs, self.option
+        table = self._tables.get(argument)
+        if table is None or table.where != where:
+            table = self._tables[argument] = SpecTable(spec, self.is_spec, where, self.expected)
+        return table
+
+    def for_leaves(
+        self,
+        call: Call,
+        paths: Any,
+        leaves: Any | None,
+        num_args: int,
+        of_function: Callable[[Any], Any],
+        strict: bool = True,
+    ) -> list[Any]:
+        """The spec of each leaf of a lifted call, given its path in the call's tree.
+
+        Arguments:
+            call: how the function is called (which argument a path is in).
+            paths: each leaf's path.
+            leaves: the leaves (Variables or arrays), for errors and `of_function`; None
+                where only their values are at hand (inside a trace).
+            num_args: how many positional arguments the call has.
+            of_function: the spec of a leaf of the function itself (a Module, or a method
+                bound to one), which no argument's spec covers.
+            strict: raise for a leaf no spec covers; otherwise its spec is `NO_ENTRY`.
+        """
+        specs = []
+        leaves = [None] * len(paths) if leaves is None else leaves
+        for path, leaf in zip(paths, leaves, strict=True):
+            argument, relative = call.split_path(path)
+            if argument is None:
+                specs.append(of_function(leaf))
+            elif isinstance(argument, str) and not strict:
+                specs.append(NO_ENTRY)
+            else:
+                specs.append(self.table(argument, num_args).find(relative, leaf, strict))
+        return specs
