@@ -14,13 +14,16 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import pytree_graph as pg
 from pytree_nn import (
+    MLP,
     BatchNorm,
     Conv,
     ConvTranspose,
     Embedding,
     GroupNorm,
+    GRUCell,
     LayerNorm,
     Linear,
+    LSTMCell,
     Module,
     MultiHeadAttention,
     Optimizer,
@@ -72,6 +75,22 @@ def _shard_shapes(array):
             ("model", None, None),
         ),
         (lambda s: MultiHeadAttention(2, 8, out_bias_sharding=s, rngs=0).out, "bias", ("m",)),
+        (lambda s: MLP(4, 2, 8, 2, kernel_sharding=s, rngs=0).layers[1], "kernel", ("d", None)),
+        (lambda s: MLP(4, 2, 8, 2, bias_sharding=s, rngs=0).layers[2], "bias", ("model",)),
+        (lambda s: LSTMCell(3, 8, kernel_sharding=s, rngs=0).ig, "kernel", (None, "model")),
+        (
+            lambda s: LSTMCell(3, 8, recurrent_kernel_sharding=s, rngs=0).hf,
+            "kernel",
+            ("model", None),
+        ),
+        (lambda s: LSTMCell(3, 8, bias_sharding=s, rngs=0).ho, "bias", ("model",)),
+        (lambda s: GRUCell(3, 8, kernel_sharding=s, rngs=0).dense_i, "kernel", (None, "model")),
+        (
+            lambda s: GRUCell(3, 8, recurrent_kernel_sharding=s, rngs=0).dense_h,
+            "kernel",
+            (None, "model"),
+        ),
+        (lambda s: GRUCell(3, 8, bias_sharding=s, rngs=0).dense_i, "bias", ("model",)),
     ],
     ids=[
         "linear-kernel",
@@ -88,6 +107,14 @@ def _shard_shapes(array):
         "attention-qkv-bias",
         "attention-out-kernel",
         "attention-out-bias",
+        "mlp-kernel",
+        "mlp-bias",
+        "lstm-kernel",
+        "lstm-recurrent-kernel",
+        "lstm-bias",
+        "gru-kernel",
+        "gru-recurrent-kernel",
+        "gru-bias",
     ],
 )
 def test_layers_store_their_parameters_sharding(make, name, sharding):
@@ -133,6 +160,31 @@ def test_a_bad_bias_sharding_draws_not_even_the_scales_key():
     assert int(rngs.default.count.value) == 0
 
 
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda rngs: LSTMCell(3, 8, recurrent_kernel_sharding=("model",), rngs=rngs),
+            "LSTMCell: recurrent_kernel_sharding has 1 entries",
+        ),
+        (
+            lambda rngs: GRUCell(3, 8, bias_sharding=(None, "model"), rngs=rngs),
+            "GRUCell: bias_sharding has 2 entries",
+        ),
+        (
+            lambda rngs: MLP(4, 2, 8, 2, bias_sharding="model", rngs=rngs),
+            "MLP: bias_sharding must be a tuple",
+        ),
+    ],
+    ids=["lstm", "gru", "mlp"],
+)
+def test_a_bad_sharding_of_a_later_layer_draws_not_even_the_first_layers_keys(make, message):
+    rngs = Rngs(0)
+    with pytest.raises((TypeError, ValueError), match=message):
+        make(rngs)
+    assert int(rngs.default.count.value) == 0
+
+
 def test_a_bad_out_sharding_draws_not_even_the_query_keys():
     rngs = Rngs(0)
     with pytest.raises(ValueError, match="MultiHeadAttention: out_kernel_sharding has 2"):
@@ -143,7 +195,7 @@ def test_a_bad_out_sharding_draws_not_even_the_query_keys():
 # ----------------------------------------------------------------------------- create_sharded
 
 
-class MLP(Module):
+class TwoLayers(Module):
     """Two Linear layers; `kernel` gives both kernels' sharding (FSDP: split a dimension)."""
 
     def __init__(self, rngs, kernel=None, hidden=None, out=None):
@@ -158,7 +210,7 @@ class MLP(Module):
 def test_create_sharded_splits_every_parameter_as_its_metadata_says():
     mesh = _mesh((2, 4), ("data", "model"))
     rngs = Rngs(0)
-    model = pg.create_sharded(MLP, mesh, rngs, hidden=("data", "model"), out=("model", None))
+    model = pg.create_sharded(TwoLayers, mesh, rngs, hidden=("data", "model"), out=("model", None))
     kernel = model.hidden.kernel.value
     assert kernel.sharding.spec == PartitionSpec("data", "model")
     assert _shard_shapes(kernel) == {(8, 8)}  # 16x32 over 2x4 devices
@@ -166,7 +218,7 @@ def test_create_sharded_splits_every_parameter_as_its_metadata_says():
     assert model.hidden.bias.value.sharding.spec == PartitionSpec()  # no metadata: replicated
     # The same values, and the same random keys drawn, as built on one device.
     eager_rngs = Rngs(0)
-    eager = MLP(eager_rngs)
+    eager = TwoLayers(eager_rngs)
     np.testing.assert_array_equal(kernel, eager.hidden.kernel.value)
     assert int(rngs.default.count.value) == int(eager_rngs.default.count.value)
 
@@ -174,11 +226,11 @@ def test_create_sharded_splits_every_parameter_as_its_metadata_says():
 def test_create_sharded_names_what_is_wrong():
     mesh = _mesh((1,), ("batch",))
     with pytest.raises(ValueError, match=r"mesh axes \['data'\].*its axes: \['batch'\]"):
-        pg.create_sharded(MLP, mesh, Rngs(0), kernel=("data", None))
+        pg.create_sharded(TwoLayers, mesh, Rngs(0), kernel=("data", None))
     with pytest.raises(TypeError, match="takes the function that builds the model first"):
-        pg.create_sharded(mesh, MLP)
+        pg.create_sharded(mesh, TwoLayers)
     with pytest.raises(TypeError, match=r"mesh must be a jax\.sharding\.Mesh"):
-        pg.create_sharded(MLP, ("data",), Rngs(0))
+        pg.create_sharded(TwoLayers, ("data",), Rngs(0))
 
 
 # ------------------------------------------------------------------ training on the mesh
@@ -215,10 +267,10 @@ def regression():
 )
 def test_mlp_training_on_8_devices_matches_one_device(regression, mesh_shape, kernel):
     x, y = regression
-    single = _train(MLP(Rngs(0)), x, y)
+    single = _train(TwoLayers(Rngs(0)), x, y)
     mesh = _mesh(mesh_shape, ("data",))
     batch = NamedSharding(mesh, PartitionSpec("data"))
-    model = pg.create_sharded(MLP, mesh, Rngs(0), kernel=kernel)
+    model = pg.create_sharded(TwoLayers, mesh, Rngs(0), kernel=kernel)
     sharded = _train(model, jax.device_put(x, batch), jax.device_put(y, batch))
     np.testing.assert_allclose(sharded, single, rtol=1e-5, atol=1e-6)
     assert sharded[-1] < sharded[0]
@@ -298,11 +350,11 @@ def test_transformer_block_training_on_8_devices_matches_one_device(
 def test_a_sharded_checkpoint_loads_onto_another_mesh_shape(tmp_path):
     path = tmp_path / "sharded.safetensors"
     wide = pg.create_sharded(
-        MLP, _mesh((2, 4), ("data", "model")), Rngs(0), kernel=("data", "model")
+        TwoLayers, _mesh((2, 4), ("data", "model")), Rngs(0), kernel=("data", "model")
     )
     save_checkpoint(path, wide)
     tall = pg.create_sharded(
-        MLP, _mesh((4, 2), ("data", "model")), Rngs(1), kernel=("data", "model")
+        TwoLayers, _mesh((4, 2), ("data", "model")), Rngs(1), kernel=("data", "model")
     )
     load_checkpoint(path, tall)
     kernel = tall.hidden.kernel.value

@@ -137,6 +137,10 @@ class MLP(Module):
         use_final_bias: whether the last layer has one.
         dtype: the dtype to compute in (None: promote).
         param_dtype: the dtype of the parameters.
+        kernel_sharding: how to split every layer's kernel over a device mesh, one entry
+            per dimension (see `Linear`), e.g. `("data", None)` to shard each kernel's
+            rows (fully sharded data parallel).
+        bias_sharding: the same for every bias.
         rngs: an `Rngs`, a PRNG key or an int seed.
 
     Examples:
@@ -160,11 +164,16 @@ class MLP(Module):
         dtype: Any = None,
         param_dtype: Any = jnp.float32,
         *,
+        kernel_sharding: Any = None,
+        bias_sharding: Any = None,
         rngs: Any = None,
     ):
         check_features("MLP", in_size=in_size, out_size=out_size, width_size=width_size)
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
             raise ValueError(f"MLP: depth must be an int >= 0, got {depth!r}.")
+        # Checked before the first layer draws a key.
+        kernel_sharding = check_sharding("MLP", "kernel_sharding", kernel_sharding, 2)
+        bias_sharding = check_sharding("MLP", "bias_sharding", bias_sharding, 1)
         rngs = as_rngs(rngs, "MLP")
         sizes = [in_size] + [width_size] * depth + [out_size]
         last = len(sizes) - 2
@@ -175,6 +184,8 @@ class MLP(Module):
                 use_bias=use_final_bias if i == last else use_bias,
                 dtype=dtype,
                 param_dtype=param_dtype,
+                kernel_sharding=kernel_sharding,
+                bias_sharding=bias_sharding,
                 rngs=rngs,
             )
             for i, (din, dout) in enumerate(itertools.pairwise(sizes))

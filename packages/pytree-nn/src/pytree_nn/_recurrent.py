@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from . import initializers
-from ._checks import check_features, check_input
+from ._checks import check_features, check_input, check_sharding
 from ._dtypes import promote_dtype
 from ._linear import Linear, default_kernel_init
 from ._module import Module
@@ -22,6 +22,15 @@ def _orthogonal(key: jax.Array, shape: Any, dtype: Any = jnp.float32) -> jax.Arr
     needs a QR decomposition, which half precision (bfloat16, float16) lacks.
     """
     return initializers.orthogonal()(key, shape, jnp.float32).astype(dtype)
+
+
+def _cell_shardings(cell: str, kernel: Any, recurrent_kernel: Any, bias: Any) -> tuple:
+    """A cell's parameter shardings, checked before its first layer draws a key."""
+    return (
+        check_sharding(cell, "kernel_sharding", kernel, 2),
+        check_sharding(cell, "recurrent_kernel_sharding", recurrent_kernel, 2),
+        check_sharding(cell, "bias_sharding", bias, 1),
+    )
 
 
 class _Cell(Module):
@@ -120,6 +129,10 @@ class LSTMCell(_Cell):
         bias_init: initializer of the biases.
         dtype: the dtype to compute in (None: promote).
         param_dtype: the dtype of the parameters and of the initial carry.
+        kernel_sharding: how to split each input kernel over a device mesh, one entry per
+            dimension (see `Linear`), e.g. `(None, "model")` to split the hidden units.
+        recurrent_kernel_sharding: the same for each recurrent kernel.
+        bias_sharding: the same for each bias, e.g. `("model",)`.
         rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
 
     Examples:
@@ -147,9 +160,15 @@ class LSTMCell(_Cell):
         bias_init: initializers.Initializer = initializers.zeros,
         dtype: Any = None,
         param_dtype: Any = jnp.float32,
+        kernel_sharding: Any = None,
+        recurrent_kernel_sharding: Any = None,
+        bias_sharding: Any = None,
         rngs: Any = None,
     ):
         check_features("LSTMCell", in_features=in_features, hidden_features=hidden_features)
+        kernel_sharding, recurrent_kernel_sharding, bias_sharding = _cell_shardings(
+            "LSTMCell", kernel_sharding, recurrent_kernel_sharding, bias_sharding
+        )
         rngs = as_rngs(rngs, "LSTMCell")
 
         def dense_i() -> Linear:
@@ -161,6 +180,7 @@ class LSTMCell(_Cell):
                 kernel_init=kernel_init,
                 dtype=dtype,
                 param_dtype=param_dtype,
+                kernel_sharding=kernel_sharding,
                 rngs=rngs,
             )
 
@@ -172,6 +192,8 @@ class LSTMCell(_Cell):
                 bias_init=bias_init,
                 dtype=dtype,
                 param_dtype=param_dtype,
+                kernel_sharding=recurrent_kernel_sharding,
+                bias_sharding=bias_sharding,
                 rngs=rngs,
             )
 
@@ -247,6 +269,10 @@ class GRUCell(_Cell):
         bias_init: initializer of the bias.
         dtype: the dtype to compute in (None: promote).
         param_dtype: the dtype of the parameters and of the initial carry.
+        kernel_sharding: how to split the input kernel over a device mesh, one entry per
+            dimension (see `Linear`).
+        recurrent_kernel_sharding: the same for the recurrent kernel.
+        bias_sharding: the same for the bias.
         rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
 
     Examples:
@@ -273,9 +299,15 @@ class GRUCell(_Cell):
         bias_init: initializers.Initializer = initializers.zeros,
         dtype: Any = None,
         param_dtype: Any = jnp.float32,
+        kernel_sharding: Any = None,
+        recurrent_kernel_sharding: Any = None,
+        bias_sharding: Any = None,
         rngs: Any = None,
     ):
         check_features("GRUCell", in_features=in_features, hidden_features=hidden_features)
+        kernel_sharding, recurrent_kernel_sharding, bias_sharding = _cell_shardings(
+            "GRUCell", kernel_sharding, recurrent_kernel_sharding, bias_sharding
+        )
         rngs = as_rngs(rngs, "GRUCell")
         self.dense_i = Linear(
             in_features,
@@ -284,6 +316,8 @@ class GRUCell(_Cell):
             bias_init=bias_init,
             dtype=dtype,
             param_dtype=param_dtype,
+            kernel_sharding=kernel_sharding,
+            bias_sharding=bias_sharding,
             rngs=rngs,
         )
         self.dense_h = Linear(
@@ -293,6 +327,7 @@ class GRUCell(_Cell):
             kernel_init=recurrent_kernel_init,
             dtype=dtype,
             param_dtype=param_dtype,
+            kernel_sharding=recurrent_kernel_sharding,
             rngs=rngs,
         )
         self.in_features = in_features
