@@ -35,13 +35,12 @@ class SpecTable:
         TypeError: a leaf of `spec` is not a spec.
     """
 
-    __slots__ = ("by_path", "single", "where")
+    __slots__ = ("by_path", "where")
 
     def __init__(self, spec: Any, is_spec: Callable[[Any], bool], where: str, expected: str):
         self.where = where
-        self.single = is_spec(spec)
         self.by_path: dict[Path, Any] = {}
-        if self.single:
+        if is_spec(spec):  # one spec for the whole argument
             self.by_path[()] = spec
             return
         if isinstance(spec, State):
