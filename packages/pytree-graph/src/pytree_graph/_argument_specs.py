@@ -133,7 +133,7 @@ class ArgumentSpecs:
         else:
             spec, where = self.specs, self.option
         table = self._tables.get(argument)
-        if table is None or table.where != where:
+        if table is None:
             table = self._tables[argument] = SpecTable(spec, self.is_spec, where, self.expected)
         return table
 

@@ -197,6 +197,13 @@ class Reordered:
 jax.tree_util.register_pytree_node(Reordered, lambda r: ((), r), lambda r, _: r)
 
 
+def in_leaf_order(graphdef: "GraphDef | Reordered", values: list[Any]) -> tuple[GraphDef, list]:
+    """The graphdef itself, and `values` in its leaf order (a `Reordered` one's put back)."""
+    if type(graphdef) is Reordered:
+        return graphdef.graphdef, [values[i] for i in graphdef.order]
+    return graphdef, values
+
+
 class Inside:
     """The objects a transformed function works on, built inside the transform.
 
@@ -213,9 +220,7 @@ class Inside:
     __slots__ = ("after", "graphdef", "objects", "tree", "values")
 
     def __init__(self, graphdef: "GraphDef | Reordered", values: list[Any]):
-        if type(graphdef) is Reordered:
-            values = [values[i] for i in graphdef.order]
-            graphdef = graphdef.graphdef
+        graphdef, values = in_leaf_order(graphdef, values)
         self.graphdef = graphdef
         self.values = values
         self.objects: list[Any] = [None] * graphdef.num_objects
@@ -488,11 +493,14 @@ class Call:
             return None, path[1:]
         return path[1], path[2:]
 
+    def _args_record(self, graphdef: GraphDef) -> tuple:
+        """The record of the positional arguments' tuple in a lifted tree's graphdef."""
+        return graphdef.root[1][1 if self.lift_fun else 0]
+
     def num_args(self, graphdef: GraphDef) -> int:
         """How many positional arguments the call a lifted tree's graphdef describes has."""
-        return len(graphdef.root[1][1 if self.lift_fun else 0][1])
+        return len(self._args_record(graphdef)[1])
 
     def argument_record(self, graphdef: GraphDef, argument: int) -> tuple:
         """The record of positional argument `argument` in a lifted tree's graphdef."""
-        args_record = graphdef.root[1][1 if self.lift_fun else 0]
-        return args_record[1][argument]
+        return self._args_record(graphdef)[1][argument]

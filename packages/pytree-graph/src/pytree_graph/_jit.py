@@ -10,7 +10,7 @@ from jax.sharding import PartitionSpec, Sharding
 from pytree_transforms._method import BindsAsMethod
 
 from ._argument_specs import NO_ENTRY, ArgumentSpecs, SpecTable
-from ._boundary import _ONLY_AN_ARRAY, VALUES, Call, Inside, Outcome, Reordered
+from ._boundary import _ONLY_AN_ARRAY, VALUES, Call, Inside, Outcome, Reordered, in_leaf_order
 from ._graphdef import GraphDef
 from ._lift_cache import lift_cache
 
@@ -34,9 +34,7 @@ class _GraphJit(BindsAsMethod):
             if layout is None:
                 inside = Inside(graphdef, values)
                 return inside.outcome(call.run(inside.tree))
-            if type(graphdef) is Reordered:  # in leaf order, where the paths are
-                values = [values[i] for i in graphdef.order]
-                graphdef = graphdef.graphdef
+            graphdef, values = in_leaf_order(graphdef, values)  # where the paths are
             inside = Inside(graphdef, layout.inputs(graphdef, values))
             outcome, out_values = inside.outcome(call.run(inside.tree))
             return outcome, layout.outputs(inside, outcome, out_values)
