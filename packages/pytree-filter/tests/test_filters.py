@@ -14,6 +14,7 @@ from pytree_filter import (
     PathContains,
     filter,
     is_array,
+    is_inexact_array,
     to_predicate,
 )
 
@@ -90,3 +91,33 @@ def test_custom_filter_subclass():
 
     assert filter(["ab", "abcd", 1], Short()) == ["ab", None, None]
     assert filter(["ab", "abcd"], ~Short()) == [None, "abcd"]
+
+
+def test_plain_predicates_and_types_compose_on_either_side():
+    tree = {"a": [jnp.ones(1), jnp.ones(1)], "n": [1, 2], "s": "x"}
+    no_first = is_inexact_array & ~PathContains(0)
+    assert no_first == All(is_inexact_array, Not(PathContains(0)))
+    assert filter(tree, no_first) == {"a": [None, tree["a"][1]], "n": [None, None], "s": None}
+    first_or_array = PathContains(0) | is_array
+    assert first_or_array == Any(PathContains(0), is_array)
+    assert filter(tree, first_or_array) == {"a": tree["a"], "n": [1, None], "s": None}
+    reversed_or = is_array | PathContains(0)
+    assert filter(tree, reversed_or) == filter(tree, first_or_array)
+    assert filter(tree, int | OfType(str)) == {"a": [None, None], "n": [1, 2], "s": "x"}
+    assert filter(tree, int & ~OfType(bool)) == filter(tree, int)
+    not_str_but_callable = ~OfType(str) & callable
+    assert filter([len, "f", 1], not_str_but_callable) == [len, None, None]
+
+
+def test_composed_filters_stay_hashable_and_equal_by_value():
+    assert hash(is_inexact_array & ~PathContains(0)) == hash(is_inexact_array & ~PathContains(0))
+    assert {PathContains(0) | is_array, PathContains(0) | is_array} == {PathContains(0) | is_array}
+    assert (is_array | PathContains(0)).leaf_types() == ()
+    assert (str | Not(PathContains(0))).leaf_types() == (str,)
+
+
+def test_composing_with_a_non_filter_on_the_left_names_it():
+    with pytest.raises(TypeError, match=r"PathContains\('w'\)"):
+        "w" & PathContains(0)
+    with pytest.raises(TypeError, match="Unsupported filter 3"):
+        3 | PathContains(0)

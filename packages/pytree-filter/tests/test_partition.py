@@ -149,3 +149,18 @@ def test_flatten_with_mask(box_type):
     assert treedef.unflatten(leaves) == tree or treedef.unflatten(leaves)["p"] is tree["p"]
     leaves, mask, _ = flatten_with_mask(tree, {"p": False, "n": True, "w": is_array})
     assert [bool(m) for m in mask] == [True, False, True]
+
+
+def test_partition_and_filter_take_filter_spec_by_keyword():
+    tree = mlp_like()
+    assert jax.tree.leaves(partition(tree, filter_spec=is_array)) == jax.tree.leaves(
+        partition(tree, is_array)
+    )
+    arrays, rest = partition(tree, filter_spec=is_array, replace=0)
+    assert arrays["steps"] == 0 and rest["layers"][0]["w"] == 0
+    assert filter(tree, filter_spec=is_array)["steps"] is None
+
+
+def test_partition_refuses_specs_by_position_and_keyword():
+    with pytest.raises(TypeError, match=r"both by position and as `filter_spec=`"):
+        partition([1], int, filter_spec=str)

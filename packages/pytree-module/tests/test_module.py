@@ -1,14 +1,26 @@
 """Module: both field styles, statuses, inference, mutability, checks, construction errors."""
 
 import dataclasses
+import inspect
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pytree_module import Dict, List, Module, data, field, is_data, static, tree_equal
+from pytree_module import (
+    Dict,
+    List,
+    Module,
+    check_module,
+    data,
+    field,
+    is_data,
+    static,
+    tree_equal,
+)
 
 
 def leaf_paths(tree):
@@ -577,3 +589,177 @@ def test_arrays_put_into_a_forced_static_value_during_init():
 
     with pytest.raises(ValueError, match="'ls' of Foo is static but its value holds arrays"):
         Foo()
+
+
+# ------------------------------------------------------- containers filled after __init__
+
+
+class Affine(Module):
+    def __init__(self, scale):
+        self.scale = jnp.asarray(scale)
+
+    def __call__(self, x):
+        return self.scale * x
+
+
+class Stack(Module):
+    def __init__(self, fill=False):
+        self.layers = []
+        self.by_name = {}
+        if fill:
+            self.layers.append(Affine(2.0))
+
+    def __call__(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize("fill_in_init", [False, True])
+def test_empty_list_filled_after_init_is_data_and_trains(fill_in_init):
+    stack = Stack(fill=fill_in_init)
+    if not fill_in_init:
+        stack.layers.append(Affine(2.0))
+    stack.by_name["extra"] = Affine(3.0)
+    check_module(stack)
+    assert leaf_paths(stack) == [".by_name['extra'].scale", ".layers[0].scale"]
+    copied = jax.jit(lambda m: m)(stack)
+    assert len(copied.layers) == 1 and float(copied.by_name["extra"].scale) == 3.0
+    grads = jax.grad(lambda m, x: m(x))(stack, 5.0)
+    assert float(grads.layers[0].scale) == 5.0
+
+
+def test_empty_containers_assigned_after_init_or_nested_are_data():
+    stack = Stack()
+    stack.blocks = ()
+    stack.nested = [[], {}]
+    stack.blocks = (Affine(1.0),)
+    stack.nested[0].append(Affine(4.0))
+    assert len(jax.tree.leaves(jax.jit(lambda m: m)(stack))) == 2
+
+
+def test_containers_of_plain_values_stay_static():
+    class Config(Module):
+        def __init__(self):
+            self.sizes = []
+            self.sizes.append(8)
+            self.options = {"layers": [], "act": "relu"}
+
+    config = Config()
+    assert jax.tree.leaves(config) == []
+    assert jax.jit(lambda m: m)(config).options == {"layers": [], "act": "relu"}
+
+
+# ------------------------------------------------------------------ class construction
+
+
+def test_signature_of_a_module_class_is_its_init():
+    class Generated(Module):
+        x: int
+        y: float = 1.0
+        z: str = field(static=True, default="z", kw_only=True)
+
+    class Custom(Module):
+        def __init__(self, din, dout, *, bias=True):
+            self.din = din
+
+    assert str(inspect.signature(Generated)) == "(x: int, y: float = 1.0, *, z: str = 'z') -> None"
+    assert str(inspect.signature(Custom)) == "(din, dout, *, bias=True)"
+    assert str(inspect.signature(Stack)) == "(fill=False)"
+
+
+class Tagged:
+    """A plain mixin whose __init__ passes its arguments on."""
+
+    def __init__(self, *args, **kwargs):
+        self.tag = "tagged"
+        super().__init__(*args, **kwargs)
+
+
+def test_a_plain_mixin_init_earlier_in_the_mro_runs():
+    class Point(Tagged, Module):
+        x: int
+        y: int = 0
+
+    point = Point(3, y=4)
+    assert point.tag == "tagged" and (point.x, point.y) == (3, 4)
+    assert Point(5).y == 0
+    assert str(inspect.signature(Point)) == "(*args, **kwargs)"
+    with pytest.raises(TypeError, match=r"fields of Point.*too many positional arguments"):
+        Point(1, 2, 3)
+    with pytest.raises(ValueError, match=r"did not set the annotated field\(s\) 'x'"):
+        Point()
+
+
+def test_a_mixin_after_module_in_the_mro_keeps_the_generated_init():
+    class Point(Module, Tagged):
+        x: int
+
+    point = Point(3)
+    assert point.x == 3 and not hasattr(point, "tag")
+
+
+def test_init_false_field_overridden_by_a_subclass_property():
+    class Base(Module):
+        y: int
+        x: int = field(init=False)
+
+    class WithProperty(Base):
+        @property
+        def x(self):
+            return 5 * self.y
+
+    module = WithProperty(1)
+    assert module.x == 5 and jax.tree.leaves(module) == [1]
+    assert str(inspect.signature(WithProperty)) == "(y: int) -> None"
+    assert jax.jit(lambda m: m)(module).x == 5
+
+
+def test_static_field_overridden_by_a_subclass_class_attribute_stays_static():
+    class Base(Module):
+        size: int = field(static=True)
+        weight: jax.Array = None
+
+        def __init__(self):
+            self.weight = jnp.ones(2)
+
+    class Sized(Base):
+        size = 9
+
+    sized = Sized()
+    assert sized.size == 9 and jax.tree.leaves(sized) == [sized.weight]
+    assert jax.jit(lambda m: m)(sized).size == 9
+    sized.size = 4  # still static: kept in the treedef, and arrays are refused
+    assert jax.tree.leaves(sized) == [sized.weight] and jax.jit(lambda m: m)(sized).size == 4
+    with pytest.raises(ValueError, match="static attribute 'size'"):
+        sized.size = jnp.ones(1)
+
+
+def test_slots_on_a_module_subclass_are_refused_with_the_fix():
+    with pytest.raises(TypeError, match=r"__slots__ = \('cache',\).*Remove __slots__"):
+
+        class Cached(Module):
+            __slots__ = ("cache",)
+            x: int
+
+    class Empty(Module):
+        __slots__ = ()
+        x: int
+
+    assert jax.tree.leaves(Empty(1)) == [1]
+
+
+T = TypeVar("T")
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_generic_modules_accept_orig_class_outside_their_structure(frozen):
+    class Box(Module, Generic[T], frozen=frozen):
+        value: T
+
+    box = Box[int](1)
+    assert box.__orig_class__ == Box[int]
+    assert jax.tree.structure(box) == jax.tree.structure(Box(1))
+    assert "__orig_class__" not in repr(box)
+    check_module(box)
+    assert jax.jit(lambda m: m)(box).value == 1

@@ -71,3 +71,31 @@ def test_works_under_jit():
         return tree_at(lambda m: m.weight, layer, layer.weight * 2)
 
     assert f(Layer(jnp.ones(2), None)).weight.tolist() == [2.0, 2.0]
+
+
+class Chain(Module, frozen=True):
+    layers: list
+    pair: tuple
+
+
+def test_a_list_or_tuple_node_is_replaced_whole():
+    chain = Chain([jnp.ones(1), jnp.ones(2)], (1, 2))
+    longer = tree_at(lambda m: m.layers, chain, [jnp.zeros(1), jnp.zeros(2), jnp.zeros(3)])
+    assert [x.shape for x in longer.layers] == [(1,), (2,), (3,)]
+    shorter = tree_at(lambda m: m.layers, chain, [jnp.zeros(4)])
+    assert [x.shape for x in shorter.layers] == [(4,)]
+    swapped = tree_at(lambda m: m.pair, chain, ("a", "b"))
+    assert swapped.pair == ("a", "b") and chain.pair == (1, 2)
+    doubled = tree_at(lambda m: m.pair, chain, replace_fn=lambda pair: pair * 2)
+    assert doubled.pair == (1, 2, 1, 2)
+    assert tree_at(lambda t: t, [1, 2], [3]) == [3]
+
+
+def test_a_new_tuple_of_nodes_still_means_several_nodes():
+    chain = Chain([jnp.ones(1), jnp.ones(2)], (1, 2))
+    both = tree_at(lambda m: (m.layers, m.pair), chain, ([], ()))
+    assert both.layers == [] and both.pair == ()
+    firsts = tree_at(lambda m: [m.layers[0], m.pair[0]], chain, ("w", "p"))
+    assert firsts.layers[0] == "w" and firsts.pair == ("p", 2)
+    with pytest.raises(ValueError, match="returned 2 nodes"):
+        tree_at(lambda m: (m.layers, m.pair), chain, [1, 2, 3])

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from pytree_module import Module, tree_equal
 
@@ -20,7 +21,7 @@ def test_equal_and_unequal_trees():
     assert not tree_equal(Box(jnp.ones(2)), Box(jnp.ones(3)))
     assert not tree_equal(jnp.ones(2), jnp.ones(2, dtype=jnp.int32))
     assert not tree_equal([1], (1,))
-    assert tree_equal(1) and tree_equal()
+    assert tree_equal(1)
 
 
 def test_tolerances():
@@ -36,3 +37,10 @@ def test_under_jit_returns_a_traced_boolean():
     assert bool(out)
     out = jax.jit(lambda a, b: tree_equal(a, b))(jnp.ones(2), jnp.zeros(2))
     assert not bool(out)
+
+
+def test_no_trees_is_an_error_naming_the_argument():
+    with pytest.raises(TypeError, match=r"tree_equal\(\) missing the pytrees.*`\*trees`"):
+        tree_equal()
+    with pytest.raises(TypeError, match="missing the pytrees"):
+        tree_equal(rtol=1e-3)

@@ -11,7 +11,8 @@ class Filter:
     """Base class of filter objects.
 
     A filter object is called as `filter(path, value) -> bool`, where `path` is the tuple of
-    plain keys leading to `value` (see `path_keys`). Filters compose with `&`, `|` and `~`.
+    plain keys leading to `value` (see `path_keys`). Filters compose with `&`, `|` and `~`,
+    also with a plain leaf predicate or a type on either side (`is_array & ~PathContains(0)`).
     Subclass it to write your own: implement `__call__`, and keep instances hashable.
 
     Examples:
@@ -44,6 +45,14 @@ class Filter:
 
     def __or__(self, other: AnyType) -> "Any":
         return Any(self, other)
+
+    # A plain predicate or a type on the left (`is_array & ~PathContains(0)`) has no `&` of
+    # its own that accepts a filter, so Python asks the filter on the right.
+    def __rand__(self, other: AnyType) -> "All":
+        return All(other, self)
+
+    def __ror__(self, other: AnyType) -> "Any":
+        return Any(other, self)
 
     def __invert__(self) -> "Not":
         return Not(self)

@@ -15,6 +15,7 @@ from ._predicates import leaf_mask
 IsLeaf = Callable[[Any], bool] | None
 _FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType)
 _converted: dict[Callable[..., Any], "_Spec"] = {}
+_NOT_GIVEN: Any = object()
 
 
 def _is_spec_leaf(x: Any) -> bool:
@@ -191,6 +192,7 @@ def filter(
 def partition(
     pytree: Any,
     *filter_specs: Any,
+    filter_spec: Any = _NOT_GIVEN,
     replace: Any = None,
     is_leaf: IsLeaf = None,
 ) -> tuple[Any, ...]:
@@ -203,6 +205,8 @@ def partition(
     Arguments:
         pytree: any pytree.
         *filter_specs: one or more filter specs (see `filter`).
+        filter_spec: one filter spec given by keyword, Equinox's spelling
+            (`partition(tree, filter_spec=is_array)`); not together with positional specs.
         replace: the value put in place of leaves that belong to another part.
         is_leaf: treat matching subtrees as leaves, as in `jax.tree.flatten`.
 
@@ -221,7 +225,16 @@ def partition(
         {'act': 'relu', 'n': None, 'w': None}
         >>> combine(ints, strings, rest) == tree
         True
+        >>> partition(tree, filter_spec=is_array)[1]
+        {'act': 'relu', 'n': 3, 'w': None}
     """
+    if filter_spec is not _NOT_GIVEN:
+        if filter_specs:
+            raise TypeError(
+                "partition got filter specs both by position and as `filter_spec=`: pass "
+                "either `partition(tree, spec, ...)` or `partition(tree, filter_spec=spec)`."
+            )
+        filter_specs = (filter_spec,)
     if not filter_specs:
         raise TypeError("partition needs at least one filter spec: partition(tree, spec, ...).")
     specs = [_convert(s) for s in filter_specs]

@@ -10,11 +10,10 @@ from ._status import register_data_type
 
 @register_data_type
 class List(list):
-    """A list that a Module always treats as data, even while it is empty.
+    """A list that a Module always treats as data, whatever it holds.
 
-    A plain list holding modules or arrays is already data; `List` documents intent and
-    keeps an attribute data when it starts empty (`self.layers = List()`) and is filled
-    after `__init__`.
+    A plain list holding modules or arrays is already data, and so is an empty one; `List`
+    documents intent, and also makes a list of plain numbers data (leaves).
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -31,7 +30,7 @@ class List(list):
 
 @register_data_type
 class Dict(dict):
-    """A dict that a Module always treats as data, even while it is empty.
+    """A dict that a Module always treats as data, whatever it holds.
 
     Flattens like a plain dict (keys sorted, leaves in key order).
 

@@ -4,10 +4,31 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-# Keys under which the options live in `dataclasses.Field.metadata`. Plain
-# `dataclasses.field(metadata={"static": True})` is honoured too.
+# Metadata keys that a plain `dataclasses.field(metadata={"static": True})` (Equinox's older
+# spelling) uses for the options. `field` keeps its options on the Field object instead, so
+# the user's metadata stays exactly as given.
 STATIC = "static"
 CONVERTER = "converter"
+
+
+class ModuleField(dataclasses.Field):
+    """A `dataclasses.Field` that also holds `field`'s options."""
+
+    __slots__ = ("converter", "static")
+
+
+def field_is_static(f: dataclasses.Field) -> bool:
+    """Whether an annotated field was declared static."""
+    if isinstance(f, ModuleField):
+        return f.static
+    return bool(f.metadata.get(STATIC, False))
+
+
+def field_converter(f: dataclasses.Field) -> Callable[[Any], Any] | None:
+    """The converter declared for a field, if any."""
+    if isinstance(f, ModuleField):
+        return f.converter
+    return f.metadata.get(CONVERTER)
 
 
 def field(
@@ -36,7 +57,9 @@ def field(
         init: whether the generated `__init__` takes this field as an argument.
         repr: whether `repr(module)` shows this field.
         kw_only: make the generated `__init__` argument keyword-only.
-        metadata: extra metadata stored on the `dataclasses.Field`.
+        metadata: your own metadata, kept exactly as given and readable as
+            `dataclasses.fields(cls)[i].metadata`. The options above are not stored in it,
+            and the keys `"static"` and `"converter"` are refused (pass the options instead).
 
     Returns:
         A `dataclasses.Field` to assign as the class attribute's value.
@@ -49,20 +72,36 @@ def field(
         ...     name: str = field(static=True, default="scale")
         >>> Scale(2.0).factor
         Array(2., dtype=float32, weak_type=True)
+        >>> import dataclasses
+        >>> class Documented(Module):
+        ...     x: float = field(static=True, metadata={"doc": "a size"})
+        >>> dict(dataclasses.fields(Documented)[0].metadata)
+        {'doc': 'a size'}
     """
     if not isinstance(static, bool):
         raise TypeError(f"field(static=...) must be True or False, got {static!r}.")
     if converter is not None and not callable(converter):
         raise TypeError(f"field(converter=...) must be callable, got {converter!r}.")
-    full_metadata = dict(metadata or {})
-    full_metadata[STATIC] = static
-    if converter is not None:
-        full_metadata[CONVERTER] = converter
-    return dataclasses.field(
+    clashing = sorted(k for k in (STATIC, CONVERTER) if k in (metadata or {}))
+    if clashing:
+        raise ValueError(
+            f"field(metadata=...) has the key(s) {clashing}, which plain dataclass fields use "
+            f"for this function's options. Pass them as options instead: "
+            f"`field({clashing[0]}=...)`; metadata is for your own keys."
+        )
+    plain = dataclasses.field(
         default=default,
         default_factory=default_factory,
         init=init,
         repr=repr,
         kw_only=kw_only,
-        metadata=full_metadata,
+        metadata=metadata,
     )
+    # Copy the plain Field slot by slot, so every Python version's Field attributes come
+    # along without repeating its constructor's signature here.
+    declared = object.__new__(ModuleField)
+    for name in dataclasses.Field.__slots__:
+        object.__setattr__(declared, name, getattr(plain, name))
+    declared.static = static
+    declared.converter = converter
+    return declared

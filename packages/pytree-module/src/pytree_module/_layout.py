@@ -9,17 +9,22 @@ held in its closure. Equal structures share one builder, so the two operations J
 on every `jax.jit` call and every unflatten are as cheap as they can be: hashing and
 comparing the entry is by identity, in C, and unflattening calls the entry directly
 (`operator.call(entry, children)`).
+
+Because equality is identity, two threads must never intern two layouts or entries for
+one structure: lookups are lock-free, and after a miss the new object is stored under a
+lock, unless another thread stored one first.
 """
 
 import copy
 import operator
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from jax.tree_util import GetAttrKey
 
-from ._status import freeze
+from ._static_key import static_key
 from ._trace import current_trace_token, trace_state
 
 # A builder: `entry(children) -> module`, with attributes `layout`, `statics`, `get_data`.
@@ -78,19 +83,28 @@ class Layout:
             copy.copy(values[k]) if unhashable else values[k]
             for k, unhashable in zip(self.static_keys, self.unhashable, strict=True)
         )
-        # Types are part of the key: 1 == 1.0 == True, but rebuilding must give back
-        # the very value that was stored.
-        key = tuple((type(v), freeze(v)) for v in statics)
+        # Keyed by type and bits, not `==` (see _static_key.py): rebuilding must give back
+        # the very value that was stored, and JAX must not share a compilation between
+        # `0.0` and `-0.0`.
+        key = tuple(map(static_key, statics))
         found = self._entries.get(key)
         if found is None:
-            found = self._make_entry(statics)
-            found.layout = self
-            found.statics = statics
-            found.get_data = self.get_data
-            shown = ", ".join(f"{k}={v!r}" for k, v in zip(self.static_keys, statics, strict=True))
-            found.__name__ = found.__qualname__ = f"{self.cls.__name__}({shown})"
-            self._entries[key] = found
+            # Made outside the lock: naming it runs the static values' `__repr__`.
+            made = self._new_entry(statics)
+            with _INTERNING:
+                found = self._entries.get(key)
+                if found is None:
+                    self._entries[key] = found = made
         return found
+
+    def _new_entry(self, statics: tuple[Any, ...]) -> TreedefEntry:
+        entry = self._make_entry(statics)
+        entry.layout = self
+        entry.statics = statics
+        entry.get_data = self.get_data
+        shown = ", ".join(f"{k}={v!r}" for k, v in zip(self.static_keys, statics, strict=True))
+        entry.__name__ = entry.__qualname__ = f"{self.cls.__name__}({shown})"
+        return entry
 
     def __repr__(self) -> str:
         return f"Layout({self.cls.__qualname__}, data={self.data_keys}, static={self.static_keys})"
@@ -156,6 +170,8 @@ def _make_entry_factory(
 
 
 _LAYOUTS: dict[tuple, Layout] = {}
+# Held only to store a new layout or treedef entry (see the module docstring).
+_INTERNING = threading.Lock()
 
 
 def get_layout(
@@ -172,6 +188,7 @@ def get_layout(
         data_keys = tuple(k for k, d in zip(order, data, strict=True) if d)
         static_keys = tuple(k for k, d in zip(order, data, strict=True) if not d)
         static_unhashable = tuple(u for u, d in zip(unhashable, data, strict=True) if not d)
-        layout = Layout(cls, order, data_keys, static_keys, static_unhashable, setters)
-        _LAYOUTS[key] = layout
+        made = Layout(cls, order, data_keys, static_keys, static_unhashable, setters)
+        with _INTERNING:
+            layout = _LAYOUTS.setdefault(key, made)
     return layout

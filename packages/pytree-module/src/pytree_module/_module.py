@@ -11,22 +11,27 @@ import jax
 
 from ._bound_method import BoundMethod, MethodDescriptor
 from ._errors import TraceContextError
-from ._field import CONVERTER
+from ._field import field_converter, field_is_static
 from ._layout import SlotSetters, TreedefEntry, get_layout
 from ._status import (
     StatusWrapper,
     check_static_value,
     contains_array,
     contains_wrapper,
-    field_is_static,
     is_data,
     register_data_type,
 )
 from ._trace import current_trace_token, same_trace
 
 # Forced statuses (`data(...)`/`static(...)` assignments) of instances whose `__init__` is
-# running, keyed by `id(instance)`. Presence here is what "still initialising" means.
+# running, keyed by `id(instance)`. Presence here is what "still initialising" means. The
+# instance is alive while its entry exists, so its id cannot be reused by another object,
+# and constructions in other threads use other keys.
 _INITIALISING: dict[int, dict[str, bool]] = {}
+
+# Attributes Python itself sets on an instance, which are not part of its structure:
+# `typing` sets `__orig_class__` after `Generic` subclasses are called as `M[int](...)`.
+_UNTRACKED = frozenset({"__orig_class__"})
 
 
 # ----------------------------------------------------------------------------- pytree
@@ -101,6 +106,9 @@ class _ModuleMeta(type):
                 raise TypeError(
                     f"class {name}(Module, {option}=...) expects True or False, got {value!r}."
                 )
+        is_root = not any(isinstance(base, _ModuleMeta) for base in bases)
+        if not is_root:
+            _refuse_slots(name, namespace)
         cls = super().__new__(mcs, name, bases, namespace, **kwargs)
         # Options are inherited unless a subclass sets them again.
         if frozen is None:
@@ -109,17 +117,19 @@ class _ModuleMeta(type):
             pytree = getattr(cls, "__module_pytree__", True)
         cls.__module_frozen__ = frozen
         cls.__module_pytree__ = pytree
-        custom_init = "__init__" in namespace or any(
-            getattr(base, "__module_custom_init__", False) for base in bases
-        )
+        custom_init = not is_root and _has_custom_init(cls)
         cls.__module_custom_init__ = custom_init
-        dataclasses.dataclass(cls, init=not custom_init, repr=False, eq=False)
+        # The root keeps its own `__init__` (see `Module.__init__`).
+        dataclasses.dataclass(cls, init=not (is_root or custom_init), repr=False, eq=False)
         fields = dataclasses.fields(cls)
         cls.__module_fields__ = fields
         cls.__module_field_index__ = {f.name: i for i, f in enumerate(fields)}
         cls.__module_field_static__ = {f.name: field_is_static(f) for f in fields}
         cls.__module_converters__ = tuple(
-            (f.name, f.metadata[CONVERTER]) for f in fields if CONVERTER in f.metadata
+            (f.name, converter) for f in fields if (converter := field_converter(f)) is not None
+        )
+        cls.__module_class_provided__ = frozenset(
+            f.name for f in fields if _overridden_by_class_attribute(cls, f)
         )
         cls.__module_check_inits__ = tuple(
             klass.__dict__["__check_init__"]
@@ -152,6 +162,86 @@ class _ModuleMeta(type):
         for check_init in cls.__module_check_inits__:
             check_init(self)
         return self
+
+    @property
+    def __signature__(cls) -> inspect.Signature | None:
+        """The signature of `__init__` without `self`, for `inspect.signature(cls)`.
+
+        Without it, `inspect` would show the metaclass's `__call__(*args, **kwargs)`.
+        """
+        try:
+            signature = inspect.signature(cls.__init__)
+        except (TypeError, ValueError):
+            return None
+        return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
+def _refuse_slots(name: str, namespace: dict[str, Any]) -> None:
+    """Refuse non-empty `__slots__`: values in slots are invisible to the pytree."""
+    slots = namespace.get("__slots__", ())
+    if isinstance(slots, str):
+        slots = (slots,)
+    if slots:
+        raise TypeError(
+            f"class {name}(Module) declares __slots__ = {tuple(slots)!r}. A Module keeps its "
+            "attributes in its __dict__, which is what JAX flattens and pytree_graph walks: "
+            "values stored in slots would silently drop out of the pytree. Remove "
+            "__slots__ (or leave it empty, `__slots__ = ()`), and declare the attributes "
+            "as fields or assign them in __init__."
+        )
+
+
+def _has_custom_init(cls: type) -> bool:
+    """Whether `cls` uses an `__init__` written by hand rather than a generated one.
+
+    As in Equinox: its own `__init__`, or the first one along the MRO, which may belong to
+    a plain (non-Module) mixin; a Module parent passes on what it has.
+    """
+    if "__init__" in cls.__dict__:
+        return True
+    for klass in cls.__mro__[1:]:
+        if isinstance(klass, _ModuleMeta):
+            return klass.__module_custom_init__
+        if "__init__" in klass.__dict__:
+            return True
+    return False
+
+
+def _overridden_by_class_attribute(cls: type, f: dataclasses.Field) -> bool:
+    """Whether a subclass replaced field `f` with a class attribute, such as a property.
+
+    Such a field is provided by the class: an instance that `__init__` leaves without the
+    attribute reads the class attribute, which is not part of the pytree (Equinox does the
+    same). Only classes below the one that declares the field count, and there a field's own
+    default (which dataclasses leave on the class) is no override.
+    """
+    for klass in cls.__mro__:
+        if f.name in klass.__dict__:
+            return klass.__dict__[f.name] is not f.default
+        if f.name in inspect.get_annotations(klass):
+            return False
+    return False
+
+
+def _fields_signature(cls: type) -> inspect.Signature:
+    """The signature a generated `__init__` of `cls` would have."""
+    positional, keyword = [], []
+    for f in cls.__module_fields__:
+        if not f.init:
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory
+        else:
+            default = inspect.Parameter.empty
+        kind = (
+            inspect.Parameter.KEYWORD_ONLY if f.kw_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
+        )
+        (keyword if f.kw_only else positional).append(
+            inspect.Parameter(f.name, kind, default=default)
+        )
+    return inspect.Signature(positional + keyword)
 
 
 class Module(metaclass=_ModuleMeta):
@@ -194,6 +284,28 @@ class Module(metaclass=_ModuleMeta):
     __module_frozen__: ClassVar[bool]
     __module_pytree__: ClassVar[bool]
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Assign the declared fields from arguments, as a generated `__init__` would.
+
+        Reached through `super().__init__(...)`: from a hand-written `__init__` (usually
+        without arguments, which does nothing), or from a plain mixin's `__init__` that
+        passes its arguments on, as in `class M(Mixin, Module)`.
+        """
+        if not args and not kwargs:
+            return
+        cls = type(self)
+        try:
+            signature = _fields_signature(cls)
+            bound = signature.bind(*args, **kwargs)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"Module.__init__ assigns the fields of {cls.__name__} from the arguments "
+                f"passed on by super().__init__(...), but got {error}. Pass arguments that "
+                f"match the fields, or assign the fields in {cls.__name__}.__init__."
+            ) from None
+        for name, value in bound.arguments.items():
+            setattr(self, name, value)
+
     def __setattr__(self, name: str, value: Any) -> None:
         forced = _INITIALISING.get(id(self))
         if forced is not None:
@@ -203,12 +315,14 @@ class Module(metaclass=_ModuleMeta):
 
     def __delattr__(self, name: str) -> None:
         cls = type(self)
-        if id(self) not in _INITIALISING:
+        initialising = id(self) in _INITIALISING
+        if not initialising:
             _check_mutable(self, name, "delete")
-            mutations.count += 1
         object.__delattr__(self, name)
-        if cls.__module_pytree__ and id(self) not in _INITIALISING:
-            _relayout(self, {})
+        if not initialising:
+            if cls.__module_pytree__:
+                _relayout(self, {})
+            mutations.count += 1
 
     def __repr__(self) -> str:
         from ._pformat import tree_pformat
@@ -262,7 +376,7 @@ def canonical_order(cls: type, values: dict[str, Any]) -> list[str]:
     """
     index = cls.__module_field_index__
     declared = sorted((k for k in values if k in index), key=index.__getitem__)
-    others = sorted(k for k in values if k not in index)
+    others = sorted(k for k in values if k not in index and k not in _UNTRACKED)
     return declared + others
 
 
@@ -387,7 +501,8 @@ class MutationCount:
     Bumped by every assignment or deletion after `__init__` (and by pytree_graph when
     it changes an object in place, or a Variable's metadata). Whatever is derived from
     attributes, such as pytree_graph's cached walks of object graphs, stays valid while
-    the count is the same.
+    the count is the same. It is bumped after the change is made, so that a walk done in
+    another thread while the change is under way sees the count move afterwards.
     """
 
     __slots__ = ("count",)
@@ -424,11 +539,16 @@ def _trace_error(module: Module, name: str, action: str) -> TraceContextError:
 
 
 def _set_after_init(module: Module, name: str, value: Any) -> None:
+    if name in _UNTRACKED:
+        # Not part of the structure, and set by Python right after construction even on
+        # frozen modules (as Equinox allows).
+        object.__setattr__(module, name, value)
+        return
     _check_mutable(module, name, "assign")
-    mutations.count += 1
     cls = type(module)
     if not cls.__module_pytree__ or _is_data_descriptor(cls, name):
         object.__setattr__(module, name, value.value if isinstance(value, StatusWrapper) else value)
+        mutations.count += 1
         return
     layout = module._pm_flat[1].layout
     status, value = _unwrap(module, name, value)
@@ -454,6 +574,7 @@ def _set_after_init(module: Module, name: str, value: Any) -> None:
         _set_flat(module, (layout.get_data(module.__dict__), module._pm_flat[1]))
     else:
         _relayout(module, {name: status})
+    mutations.count += 1
 
 
 # ----------------------------------------------------------------------------- __init__
@@ -481,8 +602,9 @@ def _finish_init(module: Module, forced: dict[str, bool]) -> None:
     cls = type(module)
     values = module.__dict__
     missing = []
+    provided = cls.__module_class_provided__
     for f in cls.__module_fields__:
-        if f.name in values:
+        if f.name in values or f.name in provided:
             continue
         if f.default is not dataclasses.MISSING:
             values[f.name] = f.default

@@ -1,6 +1,5 @@
 """Data or static: the `data`/`static` wrappers, `is_data` and `register_data_type`."""
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -50,9 +49,12 @@ def register_data_type(cls: type) -> type:
 def is_data(x: Any) -> bool:
     """Whether a value assigned to an unannotated Module attribute is inferred as data.
 
-    Data: JAX and NumPy arrays, Modules, registered data types (`register_data_type`), and
-    lists, tuples and dicts holding any of those (at any depth). Everything else (ints,
-    floats, strings, callables, dtypes, ...) is static.
+    Data: JAX and NumPy arrays, Modules, registered data types (`register_data_type`),
+    lists, tuples and dicts holding any of those (at any depth), and empty lists, tuples and
+    dicts (also nested ones such as `[[], {}]`: they hold no leaves, so being data costs
+    nothing, and what is added to them later is seen by JAX). Everything else (ints,
+    floats, strings, callables, dtypes, ...), and containers holding only such values, is
+    static.
 
     Arguments:
         x: any value.
@@ -65,13 +67,33 @@ def is_data(x: Any) -> bool:
         >>> from pytree_module import is_data
         >>> is_data(jnp.zeros(3)), is_data([1, jnp.zeros(3)]), is_data(42), is_data("hi")
         (True, True, False, False)
+        >>> is_data([]), is_data({}), is_data([1, 2])
+        (True, True, False)
     """
+    return _holds_data(x) or _holds_nothing(x)
+
+
+def _holds_data(x: Any) -> bool:
+    """Whether `x` is, or contains at any depth, an array, Module or registered data type."""
     if isinstance(x, _ARRAY_TYPES) or (_data_types and isinstance(x, _data_types)):
         return True
     if isinstance(x, dict):
-        return any(is_data(v) for v in x.values())
+        return any(_holds_data(v) for v in x.values())
     if isinstance(x, list | tuple):
-        return any(is_data(v) for v in x)
+        return any(_holds_data(v) for v in x)
+    return False
+
+
+def _holds_nothing(x: Any) -> bool:
+    """Whether `x` is a list, tuple or dict with no values but (nested) empty ones.
+
+    An empty container nested next to values (`{"layers": [], "act": "relu"}`) does not
+    make the whole value data: that would turn `"relu"` into a leaf.
+    """
+    if isinstance(x, dict):
+        return all(_holds_nothing(v) for v in x.values())
+    if isinstance(x, list | tuple):
+        return all(_holds_nothing(v) for v in x)
     return False
 
 
@@ -217,8 +239,3 @@ def freeze(value: Any) -> Any:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def field_is_static(f: dataclasses.Field) -> bool:
-    """Whether an annotated field was declared static."""
-    return bool(f.metadata.get("static", False))

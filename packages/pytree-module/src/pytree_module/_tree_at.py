@@ -35,6 +35,9 @@ def tree_at(
     Arguments:
         where: a function taking the pytree and returning the node to replace, or a tuple
             or list of nodes. It must only navigate the pytree structure (attributes, items).
+            A list or tuple that is itself a node of the pytree (`lambda m: m.layers`) is
+            that one node, replaced whole; any other list or tuple (`lambda m: (m.a, m.b)`)
+            means several nodes.
         pytree: the pytree to update. It is not modified.
         replace: the new value, or a sequence of new values matching `where`'s sequence.
         replace_fn: alternatively, a function from the old node to its new value.
@@ -52,6 +55,8 @@ def tree_at(
         [10, 2]
         >>> tree_at(lambda t: (t["b"][0], t["b"][1]), tree, replace_fn=lambda x: -x)["b"]
         [-1, -2]
+        >>> tree_at(lambda t: t["b"], tree, [7, 8, 9])["b"]
+        [7, 8, 9]
     """
     if (replace is _NOT_GIVEN) == (replace_fn is _NOT_GIVEN):
         raise ValueError("tree_at needs exactly one of `replace=` or `replace_fn=`.")
@@ -59,7 +64,9 @@ def tree_at(
     # fresh node objects too, so every node `where` can return is identifiable.
     stand_ins = jax.tree.map(_Leaf, pytree, is_leaf=is_leaf)
     picked = where(stand_ins)
-    several = isinstance(picked, tuple | list)
+    # As in Equinox: a list or tuple is one node when it is found in the tree by identity
+    # (every container in `stand_ins` is a fresh object), else a sequence of nodes.
+    several = isinstance(picked, tuple | list) and not _is_node_of(stand_ins, picked)
     nodes: Sequence[Any] = tuple(picked) if several else (picked,)
     if replace is not _NOT_GIVEN:
         if several:
@@ -107,6 +114,12 @@ def tree_at(
                 "them distinct leaves, e.g. `is_leaf=lambda x: x is None`."
             )
     return result
+
+
+def _is_node_of(tree: Any, candidate: Any) -> bool:
+    """Whether `candidate` is one of the node objects of `tree` (by identity)."""
+    found = jax.tree.leaves(tree, is_leaf=lambda x: x is candidate)
+    return any(x is candidate for x in found)
 
 
 def _restore(node: Any) -> Any:

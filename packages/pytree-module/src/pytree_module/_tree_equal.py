@@ -17,12 +17,14 @@ def tree_equal(*trees: Any, rtol: float = 0.0, atol: float = 0.0) -> bool | jax.
     JAX trace the result is a traced boolean array.
 
     Arguments:
-        *trees: the pytrees to compare (any number; fewer than two is trivially True).
+        *trees: the pytrees to compare: at least one (a single tree is trivially equal
+            to itself).
         rtol: relative tolerance for array values.
         atol: absolute tolerance for array values.
 
     Returns:
-        `True`/`False`, or a scalar boolean array when tracers are involved.
+        `True`/`False`, or a scalar boolean array when tracers are involved. Raises
+        `TypeError` when called without trees.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -34,7 +36,12 @@ def tree_equal(*trees: Any, rtol: float = 0.0, atol: float = 0.0) -> bool | jax.
         >>> tree_equal(jnp.ones(2), jnp.ones(3))
         False
     """
-    if len(trees) < 2:
+    if not trees:
+        raise TypeError(
+            "tree_equal() missing the pytrees to compare: pass at least one positional "
+            "argument `*trees`, e.g. `tree_equal(a, b)`."
+        )
+    if len(trees) == 1:
         return True
     first_leaves, first_def = jax.tree.flatten(trees[0])
     result: bool | jax.Array = True
