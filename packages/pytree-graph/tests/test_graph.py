@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from pytree_filter import Everything
 from pytree_graph import (
     BatchStat,
     GraphDef,
@@ -412,3 +413,58 @@ def test_states_copy_and_pickle():
     for other in (copy_module.copy(st), copy_module.deepcopy(st), pickle.loads(pickle.dumps(st))):
         assert isinstance(other, State) and sorted(other) == sorted(st)
         assert other["w"].value.tolist() == st["w"].value.tolist()
+
+
+# ------------------------------------------------------------ filters, clone, bad nodes
+
+
+def test_split_refuses_filters_after_everything():
+    model = StatefulLinear(2, 3, jax.random.key(0))
+    for filters in [(..., Param), (True, Param, BatchStat), (Everything(), Param)]:
+        with pytest.raises(ValueError, match=r"must come last: \(Param"):
+            split(model, *filters)
+    with pytest.raises(ValueError, match=r"the filters after it \(Param\) could never match"):
+        state(model, ..., Param)
+    with pytest.raises(ValueError, match=r"at position 0, but it matches every leaf"):
+        pop(model, ..., Param)
+    assert split(model, Param, ...)[1]  # `...` last is fine
+
+
+def test_clone_copies_numpy_arrays():
+    import numpy as np
+
+    class Holder(Module):
+        def __init__(self):
+            self.table = np.zeros(3)
+            self.v = Variable(np.zeros(2))
+            self.j = Param(jnp.ones(2))
+
+    original = Holder()
+    copy = clone(original)
+    copy.table[0] = 1.0
+    copy.v.value[1] = 5.0
+    assert original.table.tolist() == [0.0, 0.0, 0.0]
+    assert original.v.value.tolist() == [0.0, 0.0]
+    assert copy.j.value is original.j.value  # JAX arrays are immutable: shared
+    single = clone(original.v)  # a Variable on its own
+    assert type(single) is Variable and single is not original.v
+    single.value[0] = 3.0
+    assert original.v.value.tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("function", [split, graphdef, clone, find_duplicates, state])
+@pytest.mark.parametrize("node", [5, "text", None, jnp.ones(2)])
+def test_graph_functions_refuse_a_single_value(function, node):
+    with pytest.raises(TypeError, match=rf"{function.__name__} expects an object graph as its "):
+        function(node)
+
+
+def test_graph_functions_accept_containers_and_variables():
+    v = Param(jnp.ones(2))
+    for node in ([v], {"a": v}, (v, jnp.zeros(1)), [], StatefulLinear(2, 3, jax.random.key(0))):
+        assert merge(*split(node)) is not None
+        assert isinstance(graphdef(node), GraphDef)
+        assert find_duplicates(node) == []
+        clone(node)
+    assert find_duplicates([v, v]) == [[(0,), (1,)]]
+    assert isinstance(graphdef(v), GraphDef)

@@ -642,3 +642,71 @@ def test_seed_002_jit_preserves_shared_references():
 
     out = f(m)
     assert inside == [True] and out is m and out.left is out.right
+
+
+# ------------------------------------------------ Python numbers, compiled __init__
+
+
+def test_grad_of_params_holding_python_floats():
+    grads = pg.grad(lambda d: d["p"].value * 2.0)({"p": Param(1.5)})
+    assert type(grads["p"]) is Param and float(grads["p"].value) == 2.0
+
+    class Scalar(Module):
+        def __init__(self):
+            self.p = Param(1.5)
+            self.n = Param(3)
+
+    model = Scalar()
+    grads = pg.grad(lambda m: m.p.value * m.p.value, wrt=pytree_filter.PathContains("p"))(model)
+    assert float(grads["p"].value) == 3.0 and model.p.value == 1.5
+    with pytest.raises(TypeError, match=r"the Param at \.n of argument 0 matches wrt=Param but "):
+        pg.grad(lambda m: m.p.value)(model)
+    value, grads = pg.value_and_grad(lambda p: p.value**2)(Param(2.0))
+    assert float(value) == 4.0 and float(grads.value) == 4.0
+
+
+def test_loops_carry_python_numbers_as_jax_lax_does():
+    assert pg.fori_loop(0, 3, lambda i, c: c + 1, 0).tolist() == 3
+    assert pg.while_loop(lambda c: c < 5, lambda c: c + 2, 0).tolist() == 6
+    model = MLP(jax.random.key(0))
+    out_model, total = pg.fori_loop(0, 3, lambda i, c: (c[0], c[1] + 1.0), (model, 0.0))
+    assert out_model is model and float(total) == 3.0
+    carry, ys = pg.scan(lambda c, x: (c + x, c), 0.0, jnp.arange(3.0))
+    assert float(carry) == 3.0 and ys.tolist() == [0.0, 0.0, 1.0]
+    assert pg.fori_loop(0, 2, lambda i, c: {"n": 7}, {"n": 0})["n"].tolist() == 7
+
+
+def test_jit_on_init_builds_the_object_compiled():
+    traces = []
+
+    class Built(Module):
+        @pg.jit
+        def __init__(self, size, key, scale=2.0):
+            traces.append(size)
+            self.w = Param(jax.random.normal(key, (size,)) * scale)
+            self.calls = Variable(jnp.array(0))
+            self.size = size
+            self.key = key
+
+    key = jax.random.key(0)
+    built = Built(3, key)
+    assert isinstance(built.w.value, jax.Array) and not isinstance(built.w.value, jax.core.Tracer)
+    assert built.w.value.shape == (3,) and built.size == 3 and built.key is not None
+    assert jnp.allclose(built.w.value, jax.random.normal(key, (3,)) * 2.0)
+    again = Built(3, jax.random.key(1))
+    assert len(traces) == 1 and not jnp.allclose(again.w.value, built.w.value)
+    assert jax.tree.structure(again) == jax.tree.structure(built)
+    Built(4, key)
+    assert len(traces) == 2
+
+    class Parent(Module):
+        @pg.jit
+        def __init__(self):
+            self.w = Param(jnp.ones(2))
+
+    class Child(Parent):
+        def __init__(self):
+            super().__init__()
+
+    with pytest.raises(TypeError, match=r"only the `__init__` of the class being built"):
+        Child()

@@ -22,9 +22,46 @@ def test_value_and_indexing():
     assert float(v[1]) == 1.0
     v[1] = 10.0
     assert v.value.tolist() == [0.0, 10.0, 2.0, 3.0]
-    v[...] = jnp.zeros(2)
+    v.value = jnp.zeros(2)
     assert v.value.shape == (2,)
     assert len(v) == 2 and [float(x) for x in v] == [0.0, 0.0]
+
+
+def test_indexed_assignment_writes_into_the_array():
+    p = Param(jnp.zeros(3))
+    p[...] = 1.0
+    assert p.value.shape == (3,) and p.value.dtype == jnp.float32
+    assert p.value.tolist() == [1.0, 1.0, 1.0] and p[...].tolist() == [1.0, 1.0, 1.0]
+    p[0] = 5.0
+    assert float(p[0]) == 5.0
+    p[1:] = jnp.array([7.0, 8.0])
+    assert p.value.tolist() == [5.0, 7.0, 8.0]
+    p[...] = jnp.full(3, 2.0)
+    assert p.value.tolist() == [2.0, 2.0, 2.0]
+    counts = Count(jnp.zeros(2, jnp.int32))
+    counts[...] = Count(jnp.array([1, 2], jnp.int32))  # a Variable's value is written
+    assert counts.value.dtype == jnp.int32 and counts.value.tolist() == [1, 2]
+    with pytest.raises(ValueError, match="broadcasting"):
+        p[...] = jnp.ones(4)
+    assert p.value.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_indexed_assignment_inside_jit_and_on_numpy_and_numbers():
+    @jax.jit
+    def fill(v, x):
+        v[...] = x
+        return v
+
+    assert fill(Param(jnp.zeros((2, 2))), 3.0).value.tolist() == [[3.0, 3.0], [3.0, 3.0]]
+    buffer = np.zeros(3)
+    n = Param(buffer)
+    n[1] = 4.0
+    assert type(n.value) is np.ndarray and n.value.tolist() == [0.0, 4.0, 0.0]
+    assert buffer.tolist() == [0.0, 0.0, 0.0]  # a new array: the old one may be shared
+    number = Param(1.5)
+    assert number[...] == 1.5
+    number[...] = 2.5
+    assert number.value == 2.5
 
 
 def test_operators_forward_to_the_value():
@@ -153,8 +190,10 @@ def test_errors():
     v = Param(1.0)
     with pytest.raises(TypeError, match=r"assign its `\.value`"):
         v.value = Param(2.0)
-    with pytest.raises(TypeError, match=r"only JAX arrays support `v\[index\] = x`"):
+    with pytest.raises(TypeError, match=r"`\[0\]` of a Param holding a float: only arrays"):
         v[0] = 2.0
+    with pytest.raises(TypeError, match=r"`\[\.\.\.\]` of a Param holding None"):
+        Param(None)[...] = 2.0
     with pytest.raises(AttributeError, match="reserved"):
         v._secret = 1
     assert v.value == 1.0

@@ -2,14 +2,16 @@
 
 import functools
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import jax
 
-from pytree_filter import is_inexact_array, to_predicate
+from pytree_filter import is_inexact_array_like, to_predicate
 from pytree_transforms._method import BindsAsMethod
 
-from ._boundary import Call, Inside, Lifted, holds_modules
+from ._aliases import check_one_spec, lift_recording_aliases
+from ._boundary import Call, Inside, Lifted, holds_modules, value_of
 from ._graphdef import DICT, LEAF, LIST, PYTREE, TUPLE, VARIABLE
 from ._state import State
 from ._traverse import show_path
@@ -69,9 +71,22 @@ class _GraphValueAndGrad(BindsAsMethod):
                     f"{len(args)} positional argument(s)."
                 )
         argnums = tuple(a % len(args) for a in self._argnums)
-        lifted = Lifted(self._call.tree(args, kwargs))
+        lifted, walk = lift_recording_aliases(self._call.tree(args, kwargs))
         graph_args = {k: holds_modules(args[k]) for k in argnums}
-        selected = tuple(self._selects(lifted, p, graph_args) for p in range(len(lifted.values)))
+        selected = tuple(map(partial(self._selects, graph_args), lifted.paths, lifted.leaves))
+        check_one_spec(
+            self._transform,
+            f"argnums={self._argnums if not self._single else self._argnums[0]} (with "
+            f"wrt={_name(self._wrt_spec)})",
+            self._call,
+            walk,
+            partial(self._selects, graph_args),
+            "Its gradient through one argument would leave out its use through the other. "
+            "Differentiate every argument that holds it (e.g. argnums=(0, 1); its gradient "
+            "comes with the first), or pass separate objects (e.g. "
+            "`pytree_graph.clone(model)`).",
+            show_spec=_show_differentiated,
+        )
         diff = [v for v, s in zip(lifted.values, selected, strict=True) if s]
         other = [v for v, s in zip(lifted.values, selected, strict=True) if not s]
         grads, (value, outcome, out_values) = self._grad(diff, other, lifted.graphdef, selected)
@@ -81,24 +96,27 @@ class _GraphValueAndGrad(BindsAsMethod):
         gradient = results[0] if self._single else results
         return ((value, aux) if self._has_aux else value), gradient
 
-    def _selects(self, lifted: Lifted, position: int, graph_args: dict[int, bool]) -> bool:
-        """Whether leaf `position` is differentiated."""
-        argument, relative = self._call.split_path(lifted.paths[position])
+    def _selects(self, graph_args: dict[int, bool], path: tuple, leaf: Any) -> bool:
+        """Whether the leaf at `path` (of the lifted tree) is differentiated there.
+
+        Python floats count as floating-point values: `jax.grad` makes them arrays.
+        """
+        argument, relative = self._call.split_path(path)
         if argument not in graph_args:
             return False
-        leaf = lifted.leaves[position]
+        value = value_of(leaf)
         if not graph_args[argument]:
-            return is_inexact_array(lifted.values[position])
+            return is_inexact_array_like(value)
         if not self._wrt(relative, leaf):
             return False
-        if not is_inexact_array(lifted.values[position]):
+        if not is_inexact_array_like(value):
             kind = type(leaf).__name__
             raise TypeError(
                 f"{self._transform}: the {kind} at {show_path(relative)} of argument "
                 f"{argument} matches wrt={_name(self._wrt_spec)} but holds "
-                f"{_describe(lifted.values[position])}, which has no gradient (only "
-                "floating-point arrays do). Narrow `wrt=` to leave it out, e.g. "
-                "`wrt=Param` with the integer state in another Variable type."
+                f"{_describe(value)}, which has no gradient (only floating-point values "
+                "do). Narrow `wrt=` to leave it out, e.g. `wrt=Param` with the integer "
+                "state in another Variable type."
             )
         return True
 
@@ -142,6 +160,10 @@ def _rebuild(record: tuple, grads: dict[int, Any]) -> Any:
     if tag == PYTREE:
         return record[1].unflatten([_rebuild(r, grads) for r in record[2]])
     return None
+
+
+def _show_differentiated(selected: bool) -> str:
+    return "differentiated" if selected else "not differentiated"
 
 
 def _name(spec: Any) -> str:

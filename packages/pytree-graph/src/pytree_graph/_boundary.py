@@ -27,6 +27,7 @@ import jax
 from pytree_module import Module, Partial
 
 from ._graphdef import LEAF, STATIC, Builder, GraphDef, check_writable
+from ._static import Static
 from ._traverse import GraphWalk
 from ._variables import Variable
 
@@ -355,7 +356,7 @@ class _After:
         self.num_objects = len(walk.objects)
 
 
-_NONE = (STATIC, None)
+_NONE = (STATIC, Static(None))
 
 
 class Outcome:

@@ -3,17 +3,22 @@
 Each takes the same arguments as its `jax.lax` counterpart, but the operands, carries and
 scanned values may hold Modules and Variables (shared ones included). Variables written
 inside are written back to the caller's objects afterwards. Their structure must stay
-the same inside (only values change): a loop carry cannot grow an attribute.
+the same inside (only values change): a loop carry cannot grow an attribute. Python
+numbers in a loop carry are part of its state, as in `jax.lax`: they become arrays.
 """
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+
+from pytree_module import Module
 
 from ._boundary import Inside, Lifted, value_of
 from ._graphdef import build
 from ._traverse import GraphWalk
+from ._variables import Variable
 
 
 def _branch(fun: Callable[..., Any], lifted: Lifted, transform: str) -> Callable[..., Any]:
@@ -97,10 +102,31 @@ def switch(index: Any, branches: Sequence[Callable[..., Any]], *operands: Any) -
     return _finish(lifted, result)
 
 
+_PYTHON_NUMBERS = (bool, int, float, complex)
+
+
+def _is_python_number(value: Any) -> bool:
+    return type(value) in _PYTHON_NUMBERS
+
+
+def _stops(value: Any) -> bool:
+    return isinstance(value, Module | Variable)
+
+
+def _numbers_as_arrays(carry: Any) -> Any:
+    """A loop carry with its Python numbers made (weakly typed) arrays, as `jax.lax`
+    loops make them: they are the loop's state, not static values. Numbers inside
+    Modules and Variables are left as they are (Module attributes are static)."""
+    leaves, treedef = jax.tree_util.tree_flatten(carry, is_leaf=_stops)
+    if not any(map(_is_python_number, leaves)):
+        return carry
+    return treedef.unflatten([jnp.asarray(x) if _is_python_number(x) else x for x in leaves])
+
+
 def _carried(lifted: Lifted, value: Any, transform: str, what: str) -> list[Any]:
     """The values of a loop carry, checking it kept the structure it came in with."""
     walk = GraphWalk()
-    graphdef = walk.graphdef(value)
+    graphdef = walk.graphdef(_numbers_as_arrays(value))
     if graphdef != lifted.graphdef:
         raise ValueError(
             f"{transform}: {what} must return a carry of the same structure as the initial "
@@ -132,7 +158,8 @@ def fori_loop(
         lower: the first index.
         upper: the index after the last.
         body_fun: `body_fun(i, val) -> val`, returning the carry with the same structure.
-        init_val: the initial carry.
+        init_val: the initial carry. Python numbers in it are carried as arrays, as
+            `jax.lax` does (`fori_loop(0, 3, lambda i, c: c + 1, 0)` returns an array).
         **kwargs: passed on to `jax.lax.fori_loop` (e.g. `unroll`).
 
     Returns:
@@ -152,7 +179,7 @@ def fori_loop(
         >>> fori_loop(0, 5, body, acc) is acc, int(acc.total.value)
         (True, 10)
     """
-    lifted = Lifted(init_val)
+    lifted = Lifted(_numbers_as_arrays(init_val))
     body = _loop_body(body_fun, lifted, "fori_loop")
     return lifted.write_all(jax.lax.fori_loop(lower, upper, body, lifted.values, **kwargs))
 
@@ -165,7 +192,8 @@ def while_loop(
     Arguments:
         cond_fun: `cond_fun(val) -> bool scalar`; it must not change the carry.
         body_fun: `body_fun(val) -> val`, returning the carry with the same structure.
-        init_val: the initial carry.
+        init_val: the initial carry. Python numbers in it are carried as arrays, as
+            `jax.lax` does (`fori_loop(0, 3, lambda i, c: c + 1, 0)` returns an array).
 
     Returns:
         The final carry (the caller's objects, holding the final values).
@@ -181,7 +209,7 @@ def while_loop(
         >>> int(v.value)
         128
     """
-    lifted = Lifted(init_val)
+    lifted = Lifted(_numbers_as_arrays(init_val))
 
     def condition(values: list[Any]) -> Any:
         inside = Inside(lifted.graphdef, values)
@@ -217,7 +245,7 @@ def scan(
 
     Arguments:
         f: `f(carry, x) -> (carry, y)`.
-        init: the initial carry.
+        init: the initial carry (Python numbers in it are carried as arrays).
         xs: what to scan over, along the leading axis of every array and Variable.
         length: the number of steps, when `xs` has no arrays.
         reverse: scan from the end.
@@ -242,7 +270,7 @@ def scan(
         >>> float(y)
         6.0
     """
-    carry_lifted = Lifted(init)
+    carry_lifted = Lifted(_numbers_as_arrays(init))
     xs_lifted = Lifted(xs)
     both = {id(o) for o in carry_lifted.objects} & {id(o) for o in xs_lifted.objects}
     if both:

@@ -21,7 +21,7 @@ OBJECT = 1  # (OBJECT, cls, index, ((name, record), ...)): a `pytree=False` Modu
 SHARED = 2  # (SHARED, index): an object met before on another path
 VARIABLE = 3  # (VARIABLE, kind, index, position): a Variable; its value is leaf `position`
 LEAF = 4  # (LEAF, position): an array, leaf `position` of the state
-STATIC = 5  # (STATIC, value): any other value, kept as it is
+STATIC = 5  # (STATIC, Static(value)): any other value, kept as it is (see `_static`)
 LIST = 6  # (LIST, children)
 TUPLE = 7  # (TUPLE, children)
 DICT = 8  # (DICT, keys, children)
@@ -228,7 +228,7 @@ class Builder:
         if tag == SHARED:
             return self.objects[record[1]]
         if tag == STATIC:
-            return record[1]
+            return record[1].value
         if tag == LIST:
             return list(map(self.visit, record[1]))
         if tag == TUPLE:

@@ -7,10 +7,13 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec, Sharding
 
+from pytree_module import Module, data, static
 from pytree_transforms._method import BindsAsMethod
 
+from ._aliases import check_one_spec, lift_recording_aliases
 from ._argument_specs import NO_ENTRY, ArgumentSpecs, SpecTable
 from ._boundary import _ONLY_AN_ARRAY, VALUES, Call, Inside, Outcome, Reordered, in_leaf_order
+from ._error_names import rename_in_error
 from ._graphdef import GraphDef
 from ._lift_cache import lift_cache
 
@@ -19,7 +22,11 @@ class _GraphJit(BindsAsMethod):
     """The function `jit` returns."""
 
     def __init__(self, fun: Callable[..., Any], jit_kwargs: dict[str, Any]):
+        self._fun = fun
         self._call = call = Call(fun)
+        self._jit_kwargs = dict(jit_kwargs)
+        self._constructors: dict[type, _GraphJit] = {}
+        self._constructing = 0  # > 0 while a constructor of `_initialise` is traced
         donate = jit_kwargs.pop("donate_argnums", ())
         self._donate = frozenset((donate,) if isinstance(donate, int) else donate)
         in_shardings = jit_kwargs.pop("in_shardings", None)
@@ -36,6 +43,7 @@ class _GraphJit(BindsAsMethod):
                 return inside.outcome(call.run(inside.tree))
             graphdef, values = in_leaf_order(graphdef, values)  # where the paths are
             inside = Inside(graphdef, layout.inputs(graphdef, values))
+            layout.check_shared(inside)
             outcome, out_values = inside.outcome(call.run(inside.tree))
             return outcome, layout.outputs(inside, outcome, out_values)
 
@@ -50,9 +58,21 @@ class _GraphJit(BindsAsMethod):
         functools.update_wrapper(self, fun, updated=())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # A pytree Module still in its `__init__` has no layout yet (checked inline: hot path).
+        if (
+            args
+            and isinstance(args[0], Module)
+            and args[0]._pm_flat[1] is None
+            and type(args[0]).__module_pytree__
+        ):
+            return self._initialise(args[0], args[1:], kwargs)
         found = lift_cache.find(self._call.tree(args, kwargs))
         if not self._donate:
-            outcome, values = self._jitted(*found.jit_inputs())
+            try:
+                outcome, values = self._jitted(*found.jit_inputs())
+            except Exception as error:
+                self._rename_in_error(error, found, None)
+                raise
             if outcome is _ONLY_AN_ARRAY:  # the usual forward pass: nothing to write back
                 return values[0]
             return found.lifted().apply(outcome, values)
@@ -61,8 +81,68 @@ class _GraphJit(BindsAsMethod):
         mask = tuple(split(path)[0] in self._donate for path in lifted.paths)
         donated = [v for v, d in zip(lifted.values, mask, strict=True) if d]
         kept = [v for v, d in zip(lifted.values, mask, strict=True) if not d]
-        outcome, values = self._jitted_donating(lifted.graphdef, donated, kept, mask)
+        try:
+            outcome, values = self._jitted_donating(lifted.graphdef, donated, kept, mask)
+        except Exception as error:
+            self._rename_in_error(error, lifted, mask)
+            raise
         return lifted.apply(outcome, values)
+
+    def _rename_in_error(self, error: Exception, found: Any, mask: tuple | None) -> None:
+        """Name the user's function and values in an error raised while tracing."""
+        lifted = found.lifted()
+        if mask is not None:
+            lists = {
+                "donated": [p for p, d in enumerate(mask) if d],
+                "kept": [p for p, d in enumerate(mask) if not d],
+            }
+        else:
+            static, _ = found.jit_inputs()
+            positions = list(range(len(lifted.paths)))
+            if type(static) is Reordered:  # values came in the order a cached walk reads
+                for position, index in enumerate(static.order):
+                    positions[index] = position
+            lists = {"values": positions}
+        rename_in_error(error, self._call, self._fun, lifted.paths, lists)
+
+    def _initialise(self, module: Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        """Run a jitted `__init__`: build the object compiled, then give `module` (the
+        one being initialised) its attributes, with concrete values."""
+        cls = type(module)
+        if self._constructing:  # `cls(...)`, called by the constructor being traced
+            return self._fun(module, *args, **kwargs)
+        if cls.__init__ is not self or vars(module):
+            raise TypeError(
+                f"pytree_graph.jit on {cls.__name__}.__init__: only the `__init__` of the "
+                "class being built can be compiled, and it must set every attribute (here "
+                "it is a parent's `__init__`, called from a subclass, or the object has "
+                "attributes already). Compile the subclass's `__init__` instead, or a "
+                "function that builds the object: `jit(lambda *a: Model(*a))(...)`."
+            )
+        for option in ("in_shardings", "out_shardings", "donate_argnums"):
+            if option in self._jit_kwargs:
+                raise TypeError(
+                    f"pytree_graph.jit on {cls.__name__}.__init__ does not take `{option}`: "
+                    "compile a function that builds the object instead, "
+                    f"`jit(lambda *a: {cls.__name__}(*a), {option}=...)`."
+                )
+        constructor = self._constructors.get(cls)
+        if constructor is None:
+
+            def construct(*args: Any, **kwargs: Any) -> Any:
+                self._constructing += 1
+                try:
+                    return cls(*args, **kwargs)
+                finally:
+                    self._constructing -= 1
+
+            functools.update_wrapper(construct, self._fun)
+            constructor = self._constructors[cls] = _GraphJit(construct, dict(self._jit_kwargs))
+        built = constructor(*args, **kwargs)
+        data_keys = built._pm_flat[1].layout.data_keys
+        # Wrapped, so that each attribute keeps the status it got inside.
+        for name, value in vars(built).items():
+            setattr(module, name, data(value) if name in data_keys else static(value))
 
 
 def jit(fun: Callable[..., Any] | None = None, **jit_kwargs: Any) -> Any:
@@ -192,6 +272,27 @@ class _Layout:
             self.call, graphdef.paths, None, num_args, of_function=_unconstrained
         )
         return list(map(_constrain, values, shardings))
+
+    def check_shared(self, inside: Inside) -> None:
+        """Refuse `in_shardings` that lay out an object shared by two arguments in two
+        ways (checked while tracing, so a compiled call costs nothing more)."""
+        if self.given is None:
+            return
+        call, given = self.call, self.given
+        num_args = call.num_args(inside.graphdef)
+
+        def sharding_at(path: tuple, leaf: Any) -> Any:
+            return given.for_leaves(call, [path], [leaf], num_args, _unconstrained)[0]
+
+        _, walk = lift_recording_aliases(inside.tree)
+        check_one_spec(
+            "pytree_graph.jit",
+            "in_shardings",
+            call,
+            walk,
+            sharding_at,
+            "Give it the same sharding wherever it is reached, or pass separate objects.",
+        )
 
     def outputs(self, inside: Inside, outcome: Outcome, values: list[Any]) -> list[Any]:
         """The values the call returns (written Variables, then the output's), laid out."""

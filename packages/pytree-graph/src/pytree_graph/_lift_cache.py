@@ -27,6 +27,7 @@ from pytree_module._module import mutations
 from pytree_module._status import _ARRAY_TYPES
 
 from ._boundary import Lifted, Reordered
+from ._static import static_key
 from ._traverse import GraphWalk
 from ._variables import Variable
 
@@ -35,7 +36,9 @@ _get_variable_flat = attrgetter("_pg_flat")
 _first = itemgetter(0)
 _second = itemgetter(1)
 _ARRAY = object()  # marks an array at the top of a call in a cache key
-_STATIC_TYPES = frozenset({bool, int, float, complex, str, bytes, type(None)})
+# Statics compared exactly by `(type, value)`; floats and complex numbers are keyed by
+# their bits instead (`0.0 == -0.0`, and NaN is not equal to itself).
+_EXACT_STATIC_TYPES = frozenset({bool, int, str, bytes, type(None)})
 _MAX_ENTRIES = 256
 
 
@@ -67,8 +70,10 @@ def _key(value: Any, roots: list[Any], arrays: list[Any]) -> Any:
         elif isinstance(item, _GRAPH_NODES):
             roots.append(item)
             append(None)
-        elif kind in _STATIC_TYPES:
+        elif kind in _EXACT_STATIC_TYPES:
             append((kind, item))
+        elif kind is float or kind is complex:
+            append(static_key(item))
         else:
             append(_key(item, roots, arrays))
     return tuple(parts)
@@ -76,8 +81,10 @@ def _key(value: Any, roots: list[Any], arrays: list[Any]) -> Any:
 
 def _key_of_item(value: Any, roots: list[Any], arrays: list[Any]) -> Any:
     kind = type(value)
-    if kind in _STATIC_TYPES:
+    if kind in _EXACT_STATIC_TYPES:
         return (kind, value)
+    if kind is float or kind is complex:
+        return static_key(value)
     if isinstance(value, _GRAPH_NODES):
         roots.append(value)
         return None
@@ -338,7 +345,8 @@ class LiftCache:
 
         entry.refs = tuple(weakref.ref(r, forget) for r in roots)
         if len(entries) >= _MAX_ENTRIES:
-            entries.pop(next(iter(entries)))
+            # `None`: another thread may have dropped the oldest entry first.
+            entries.pop(next(iter(entries)), None)
         entries[key] = entry
 
 

@@ -10,8 +10,9 @@ from jax.sharding import Mesh, PartitionSpec
 
 from pytree_transforms._method import BindsAsMethod
 
+from ._aliases import check_one_spec, lift_recording_aliases
 from ._argument_specs import ArgumentSpecs
-from ._boundary import Call, Inside, Lifted, holds_graph_nodes
+from ._boundary import Call, Inside, holds_graph_nodes
 from ._sharding import spec_of
 
 
@@ -42,7 +43,19 @@ class _GraphShardMap(BindsAsMethod):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         call = self._call
-        lifted = Lifted(call.tree(args, kwargs))
+        lifted, walk = lift_recording_aliases(call.tree(args, kwargs))
+
+        def spec_at(path: tuple, leaf: Any) -> Any:
+            return self._in_specs.for_leaves(call, [path], [leaf], len(args), spec_of)[0]
+
+        check_one_spec(
+            "shard_map",
+            "in_specs",
+            call,
+            walk,
+            spec_at,
+            "Give it the same PartitionSpec wherever it is reached, or pass separate objects.",
+        )
         specs = self._in_specs.for_leaves(
             call, lifted.paths, lifted.leaves, len(args), of_function=spec_of
         )

@@ -3,20 +3,23 @@
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from pytree_module import Module
 
-from ._boundary import Lifted
+from ._boundary import Lifted, value_of
 from ._graphdef import GraphDef, build
 from ._lift_cache import lift_cache
 from ._refs import update_refs
 from ._state import Path, State, _partition
-from ._traverse import GraphWalk, show_path
+from ._traverse import GraphWalk, check_graph, show_path
 from ._variables import Variable
 
 
-def _lift(node: Any) -> Lifted:
+def _lift(node: Any, function: str) -> Lifted:
     """The graphdef, paths and leaves of `node` (a cached walk when it was seen before)."""
     lifted = lift_cache.lift(node)
+    check_graph(lifted.graphdef, node, function)
     if lifted.paths and lifted.paths[0] == ():
         raise TypeError(
             f"Expected an object graph (a Module, or a list, dict or tuple holding "
@@ -52,6 +55,11 @@ def split(node: Any, *filters: Any) -> tuple[Any, ...]:
     Returns:
         `(graphdef, state)`, or `(graphdef, state_1, ..., state_n)` with n filters.
 
+    Raises:
+        TypeError: `node` is a single value (a number, a string, an array...).
+        ValueError: a Variable or array matches no filter, or `...` is not the last
+            filter.
+
     Examples:
         >>> import jax.numpy as jnp
         >>> from pytree_module import Module
@@ -66,7 +74,7 @@ def split(node: Any, *filters: Any) -> tuple[Any, ...]:
         >>> type(merge(graphdef, params, stats)).__name__
         'Norm'
     """
-    lifted = _lift(node)
+    lifted = _lift(node, "split")
     return (lifted.graphdef, *_states(lifted, filters, exhaustive=True))
 
 
@@ -91,12 +99,21 @@ def state(node: Any, *filters: Any) -> Any:
         >>> state(Linear()).to_pure_dict()["w"].tolist()
         [1.0, 1.0]
     """
-    states = _states(_lift(node), filters, exhaustive=False)
+    states = _states(_lift(node, "state"), filters, exhaustive=False)
     return states[0] if len(states) == 1 else states
 
 
 def graphdef(node: Any) -> GraphDef:
     """The `GraphDef` of an object graph (as `split` gives it), without the state.
+
+    Arguments:
+        node: a Module, a Variable, or a list, tuple or dict holding them.
+
+    Returns:
+        The `GraphDef`.
+
+    Raises:
+        TypeError: `node` is a single value (a number, a string, an array...).
 
     Examples:
         >>> from pytree_module import Module
@@ -106,7 +123,9 @@ def graphdef(node: Any) -> GraphDef:
         >>> graphdef(Empty()) == graphdef(Empty())
         True
     """
-    return lift_cache.lift(node).graphdef
+    result = lift_cache.lift(node).graphdef
+    check_graph(result, node, "graphdef")
+    return result
 
 
 def merge(graphdef: GraphDef, *states: Any, copy: bool = False) -> Any:
@@ -167,8 +186,18 @@ def merge(graphdef: GraphDef, *states: Any, copy: bool = False) -> Any:
 def clone(node: Any) -> Any:
     """A copy of an object graph with new Modules and Variables, and the same sharing.
 
-    The arrays themselves are not copied (JAX arrays are immutable): `merge(*split(node),
-    copy=True)`.
+    JAX arrays are immutable, so they are not copied; NumPy arrays (in Variables or as
+    attributes) are, so that changing the copy's in place leaves the original's as it
+    was.
+
+    Arguments:
+        node: a Module, a Variable, or a list, tuple or dict holding them.
+
+    Returns:
+        The copy.
+
+    Raises:
+        TypeError: `node` is a single value (a number, an array...), not an object graph.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -182,7 +211,14 @@ def clone(node: Any) -> Any:
         >>> copy.w is model.w, copy.w.value is model.w.value
         (False, True)
     """
-    return merge(*split(node), copy=True)
+    lifted = lift_cache.lift(node)
+    check_graph(lifted.graphdef, node, "clone")
+    # Bare values: `build` puts each in a new Variable of the graphdef's type and metadata.
+    return build(lifted.graphdef, [_copy_buffer(value_of(leaf)) for leaf in lifted.leaves])
+
+
+def _copy_buffer(value: Any) -> Any:
+    return value.copy() if isinstance(value, np.ndarray) else value
 
 
 def _child(obj: Any, key: Any) -> Any:
@@ -316,7 +352,7 @@ def pop(node: Any, *filters: Any) -> Any:
     if not filters:
         raise TypeError("pop needs at least one filter saying which Variables to remove.")
     walk = GraphWalk(record_shared=True)
-    walk.graphdef(node)
+    check_graph(walk.graphdef(node), node, "pop")
     flat = dict(zip(walk.paths, walk.leaves, strict=True))
     parts = _partition(flat, filters, exhaustive=False)
     removed = {id(leaf) for part in parts[:-1] for leaf in part.values()}

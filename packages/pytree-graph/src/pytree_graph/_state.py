@@ -1,12 +1,12 @@
 """`State`: the Variables and arrays of a graph, as a nested mapping that is a pytree."""
 
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import jax
 from jax.tree_util import DictKey
 
-from pytree_filter import to_predicate
+from pytree_filter import Everything, to_predicate
 
 from ._variables import Variable
 
@@ -290,6 +290,7 @@ def _partition(
     flat: Mapping[Path, Any], filters: tuple[Any, ...], exhaustive: bool
 ) -> list[dict[Path, Any]]:
     """Split `{path: leaf}` by filters (first match wins); the last part is the rest."""
+    check_everything_last(filters)
     predicates = [to_predicate(f) for f in filters]
     parts: list[dict[Path, Any]] = [{} for _ in range(len(filters) + 1)]
     for path, leaf in flat.items():
@@ -304,10 +305,38 @@ def _partition(
     return parts
 
 
+def _matches_everything(spec: Any) -> bool:
+    return spec is ... or spec is True or isinstance(spec, Everything)
+
+
+def show_filter(spec: Any) -> str:
+    """A filter as written: `...`, a type's name, or its repr."""
+    return "..." if spec is ... else getattr(spec, "__name__", repr(spec))
+
+
+def check_everything_last(filters: Sequence[Any]) -> None:
+    """Refuse `...` (or another filter matching everything) before the last filter: a leaf
+    goes to the first filter it matches, so the filters after it would get nothing.
+
+    Raises:
+        ValueError: naming the filter and where it is.
+    """
+    for i, spec in enumerate(filters[:-1]):
+        if _matches_everything(spec):
+            shown = ", ".join(map(show_filter, filters))
+            rest = [show_filter(f) for j, f in enumerate(filters) if j != i]
+            raise ValueError(
+                f"The filters ({shown}) have {show_filter(spec)} at position {i}, but it "
+                f"matches every leaf, so the filters after it ({', '.join(rest[i:])}) "
+                f"could never match anything. `...` catches the rest and must come last: "
+                f"({', '.join([*rest, show_filter(spec)])})."
+            )
+
+
 def _unmatched_message(path: Path, leaf: Any, filters: tuple[Any, ...]) -> str:
     """The error for a leaf no filter matched, where the filters must cover everything."""
     kind = type(leaf).__name__
-    shown = ", ".join(getattr(f, "__name__", repr(f)) for f in filters)
+    shown = ", ".join(map(show_filter, filters))
     return (
         f"No filter matched the {kind} at path {path}: with filters ({shown}) every "
         f"Variable and array must match one. Add a filter for it (e.g. {kind}), or end "

@@ -22,6 +22,7 @@ from ._graphdef import (
     VARIABLE,
     GraphDef,
 )
+from ._static import Static
 from ._variables import Variable
 
 Path = tuple[Any, ...]
@@ -122,7 +123,7 @@ class GraphWalk:
             keys = tuple(value)
             return (DICT, keys, tuple(self.visit(value[k], (*path, k)) for k in keys))
         if value is None or kind in _PLAIN_STATICS:
-            return (STATIC, value)
+            return (STATIC, Static(value))
         return self._other(value, path)
 
     def _module(self, module: Module, path: Path) -> tuple:
@@ -183,12 +184,29 @@ class GraphWalk:
                     "or in a Variable, or make it hashable (a tuple instead of a list, a "
                     "frozen dataclass)."
                 ) from None
-            return (STATIC, value)
+            return (STATIC, Static(value))
         if self.checks is not None:
             # Other pytree nodes may be mutable in ways no check can see cheaply.
             self.checks.cacheable = False
         children = tuple(self.visit(leaf, (*path, *path_keys(p))) for p, leaf in keyed)
         return (PYTREE, treedef, children)
+
+
+def check_graph(graphdef: GraphDef, node: Any, function: str) -> None:
+    """Refuse a `node` that is a single value (a number, a string, None, an array): a
+    graph function needs objects to walk.
+
+    Raises:
+        TypeError: naming `function` and what `node` is.
+    """
+    if graphdef.root[0] in (STATIC, LEAF):
+        shown = repr(node)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise TypeError(
+            f"{function} expects an object graph as its first argument `node`: a Module, "
+            f"a Variable, or a list, tuple or dict holding them (or arrays); got {shown}, "
+            f"a single value of type {type(node).__name__}. Pass the object that holds it."
+        )
 
 
 def show_path(path: Path) -> str:
@@ -241,6 +259,9 @@ def find_duplicates(node: Any) -> list[list[Path]]:
     Returns:
         One list of paths per shared object, in the order they are first met.
 
+    Raises:
+        TypeError: `node` is a single value (a number, a string, an array...).
+
     Examples:
         >>> import jax.numpy as jnp
         >>> from pytree_module import Module
@@ -256,6 +277,6 @@ def find_duplicates(node: Any) -> list[list[Path]]:
         [[('left',), ('right',)]]
     """
     walk = GraphWalk(record_shared=True)
-    walk.graphdef(node)
+    check_graph(walk.graphdef(node), node, "find_duplicates")
     assert walk.shared_paths is not None
     return [paths for paths in walk.shared_paths.values() if len(paths) > 1]

@@ -6,6 +6,7 @@ from types import MappingProxyType
 from typing import Any
 
 import jax
+import numpy as np
 from jax.tree_util import GetAttrKey
 
 from pytree_module import TraceContextError, register_data_type
@@ -14,6 +15,8 @@ from pytree_module import TraceContextError, register_data_type
 # Variables agree on what "the same trace" means.
 from pytree_module._module import mutations
 from pytree_module._trace import current_trace_token, same_trace
+
+from ._static import static_key
 
 
 class _Kind:
@@ -40,16 +43,13 @@ class _Kind:
         return f"{self.cls.__name__}{dict(self.items)}"
 
 
-_kinds: dict[tuple[type, tuple[tuple[str, Any], ...]], _Kind] = {}
+_kinds: dict[tuple[type, Any], _Kind] = {}
 
 
 def _kind(cls: type, metadata: Mapping[str, Any]) -> _Kind:
     items = tuple(sorted(metadata.items()))
-    key = (cls, items)
     try:
-        return _kinds[key]
-    except KeyError:
-        pass
+        hash(items)
     except TypeError:
         for name, value in items:
             try:
@@ -61,7 +61,11 @@ def _kind(cls: type, metadata: Mapping[str, Any]) -> _Kind:
                     "instead of a list, or a frozen value."
                 ) from None
         raise
-    kind = _kinds[key] = _Kind(cls, items)
+    # Keyed by type as well as value: `tag=1`, `tag=1.0` and `tag=True` are three kinds.
+    key = (cls, static_key(items))
+    kind = _kinds.get(key)
+    if kind is None:
+        kind = _kinds[key] = _Kind(cls, items)
     return kind
 
 
@@ -81,10 +85,13 @@ class Variable:
 
     Modules hold their state in Variables: `self.kernel = Param(w)`. A Variable can be
     referenced from several places (weight tying); the graph functions (`split`, `merge`)
-    and transforms keep such sharing. Read and write the value with `.value` (or `v[...]`);
-    arithmetic, `@`, ordering comparisons and indexing apply to the value, so `x @ kernel`
-    works. `==` and `hash` are by identity, as for Modules: compare values with
-    `v.value == other`.
+    and transforms keep such sharing. Read and write the value with `.value`. Indexing
+    reads and writes into the array: `v[...]` is the whole array, `v[0]` an element, and
+    `v[...] = x` or `v[1:] = x` write into it (`value.at[index].set(x)`: shape and dtype
+    are kept, `x` broadcast; a NumPy array is copied, not changed in place; a Python
+    number supports `v[...]` and `v[...] = x`, which replaces it). Arithmetic, `@` and
+    ordering comparisons apply to the value, so `x @ kernel` works. `==` and `hash` are
+    by identity, as for Modules: compare values with `v.value == other`.
 
     A Variable is a pytree node whose only child is its value; its type and metadata live
     in the treedef. Metadata (any hashable keyword values, such as `sharding=("data", None)`)
@@ -106,6 +113,9 @@ class Variable:
         >>> w.value = w.value * 2
         >>> w[0, 0]
         Array(2., dtype=float32)
+        >>> w[...] = 5.0  # writes into the array
+        >>> w.value.tolist()
+        [[5.0, 5.0, 5.0], [5.0, 5.0, 5.0]]
     """
 
     __slots__ = ("__weakref__", "_pg_flat", "_trace")
@@ -210,20 +220,39 @@ class Variable:
         mutations.count += 1
 
     def __getitem__(self, index: Any) -> Any:
-        return self.value[index]
+        value = self._pg_flat[0][0]
+        if index is Ellipsis and type(value) in _PYTHON_NUMBERS:
+            return value  # `v[...]` is the whole value, as for a 0-d array
+        return value[index]
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        if index is Ellipsis:
+        if isinstance(value, Variable):
+            value = value.value
+        current = self._pg_flat[0][0]
+        if isinstance(current, jax.Array):  # arrays and tracers
+            if (
+                index is Ellipsis
+                and isinstance(value, jax.Array)
+                and value.shape == current.shape
+                and value.dtype == current.dtype
+            ):
+                self.value = value  # what `.at[...].set` would give, without the copy
+            else:
+                self.value = current.at[index].set(value)
+        elif isinstance(current, np.ndarray):
+            # A new array, so that arrays shared with other objects are not changed.
+            new = current.copy()
+            new[index] = value
+            self.value = new
+        elif index is Ellipsis and type(current) in _PYTHON_NUMBERS:
             self.value = value
-            return
-        current = self.value
-        if not hasattr(current, "at"):
+        else:
             raise TypeError(
-                f"Cannot assign to part of a {type(self).__name__} holding a "
-                f"{type(current).__name__}: only JAX arrays support `v[index] = x`. Use "
-                "`v[...] = new_value` to replace the whole value."
+                f"Cannot assign to `[{_show_index(index)}]` of a {type(self).__name__} holding "
+                f"{_a(current)}: only arrays support `v[index] = x` (a Python number "
+                "supports `v[...] = x`, which replaces it). Assign `v.value = new_value` "
+                "to replace the value."
             )
-        self.value = current.at[index].set(value)
 
     def __len__(self) -> int:
         return len(self.value)
@@ -247,8 +276,6 @@ class Variable:
         return operator.index(self.value)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
-        import numpy as np
-
         return np.asarray(self.value, dtype=dtype)
 
     def __repr__(self) -> str:
@@ -279,6 +306,17 @@ class Variable:
         value, metadata = state
         _set_flat(self, ((value,), _kind(type(self), metadata)))
         _set_trace(self, current_trace_token())
+
+
+_PYTHON_NUMBERS = frozenset({bool, int, float, complex})
+
+
+def _show_index(index: Any) -> str:
+    return "..." if index is Ellipsis else repr(index)
+
+
+def _a(value: Any) -> str:
+    return f"a {type(value).__name__}" if value is not None else "None"
 
 
 _set_flat = Variable._pg_flat.__set__  # type: ignore[attr-defined]

@@ -9,7 +9,9 @@ import jax
 from pytree_filter import to_predicate
 from pytree_transforms._method import BindsAsMethod
 
-from ._boundary import Call, Inside, Lifted
+from ._aliases import check_one_spec, lift_recording_aliases
+from ._boundary import Call, Inside
+from ._state import check_everything_last, show_filter
 from ._traverse import show_path
 
 
@@ -42,6 +44,7 @@ class StateAxes:
         for axis in axes.values():
             if axis is not None and not isinstance(axis, int):
                 raise TypeError(f"StateAxes: an axis must be an int or None, got {axis!r}.")
+        check_everything_last(tuple(axes))
         self._items = tuple(axes.items())
         self._predicates = tuple(to_predicate(f) for f in axes)
 
@@ -57,9 +60,7 @@ class StateAxes:
         )
 
     def __repr__(self) -> str:
-        shown = ", ".join(
-            f"{'...' if f is ... else getattr(f, '__name__', repr(f))}: {a}" for f, a in self._items
-        )
+        shown = ", ".join(f"{show_filter(f)}: {a}" for f, a in self._items)
         return f"StateAxes({{{shown}}})"
 
 
@@ -113,12 +114,23 @@ class _GraphVmap(BindsAsMethod):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         call = self._call
-        lifted = Lifted(call.tree(args, kwargs))
-        axes = []
-        for path, leaf in zip(lifted.paths, lifted.leaves, strict=True):
+        lifted, walk = lift_recording_aliases(call.tree(args, kwargs))
+
+        def axis_of(path: tuple, leaf: Any) -> int | None:
             argument, relative = call.split_path(path)
             spec = self._spec_of(argument, len(args))
-            axes.append(spec.axis_of(relative, leaf) if isinstance(spec, StateAxes) else spec)
+            return spec.axis_of(relative, leaf) if isinstance(spec, StateAxes) else spec
+
+        check_one_spec(
+            "vmap",
+            "in_axes",
+            call,
+            walk,
+            axis_of,
+            "Give the arguments that share it the same axis for it, or pass separate "
+            "objects (e.g. `pytree_graph.clone(model)`).",
+        )
+        axes = list(map(axis_of, lifted.paths, lifted.leaves))
         if all(a is None for a in axes) and "axis_size" not in self._vmap_kwargs:
             raise ValueError(
                 "vmap: nothing is mapped (every array and Variable has axis None), so the "
