@@ -184,7 +184,7 @@ class Block(Module):
         self.attention = MultiHeadAttention(heads, width, rngs=rngs)
         self.mlp_norm = LayerNorm(width, rngs=rngs)
         self.mlp = MLP(width, width, 4 * width, depth=1, activation=jax.nn.gelu, rngs=rngs)
-        self.dropout = Dropout(dropout, rngs=rngs)  # keeps `rngs`, draws from "dropout"
+        self.dropout = Dropout(dropout, rngs=rngs)  # its own stream, forked from "dropout"
 
     def __call__(self, x: jax.Array, mask: jax.Array | None, decode: bool) -> jax.Array:
         attended = self.attention(self.attention_norm(x), mask=mask, decode=decode)
@@ -510,7 +510,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     train(model, optimizer, corpus.train, args, np.random.default_rng(args.seed))
     # pytree_graph.jit wrote the dropout stream's counter back after every step.
-    keys = int(model.blocks[0].dropout.rngs.dropout.count.value)
+    keys = int(model.blocks[0].dropout.rngs.default.count.value)
     print(
         f"trained in {time.perf_counter() - started:.1f} s (compilation included); "
         f"dropout drew {plural(keys, 'key')}"

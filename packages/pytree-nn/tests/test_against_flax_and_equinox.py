@@ -525,25 +525,60 @@ def test_batch_norm_nnx(num_features, shape, kwargs):
 
 @pytest.mark.parametrize("broadcast_dims", [(), (1,)])
 def test_dropout_nnx_draws_the_same_masks(broadcast_dims):
-    """Both draw the n-th mask with the key `fold_in(key(seed), n)` of an Rngs' `dropout`
-    stream, and keep or zero the same elements.
-
-    Ours is compared with the Rngs given at construction and at the call; NNX's with the
-    Rngs given at the call. NNX's layer built with `rngs=` draws other masks from the same
-    seed: it forks the stream at construction (a new stream seeded with the stream's first
-    key), while ours keeps the Rngs it is given. A bare key given at the call is used as is
-    by NNX, and seeds an Rngs in ours.
+    """Both draw the n-th mask with the key `fold_in(key, n)` of a stream, and keep or zero
+    the same elements: a layer built with `rngs=` from a stream of its own, forked from
+    the Rngs' `dropout` stream (its root key is that stream's next key); a layer given
+    `rngs=` at the call from the call's `dropout` stream. (A bare key given at the call
+    is used as is by NNX, and seeds an Rngs in ours.)
     """
     x = normal(1, (6, 5))
-    theirs = nnx.Dropout(0.3, broadcast_dims=broadcast_dims)
+    theirs_held = nnx.Dropout(0.3, broadcast_dims=broadcast_dims, rngs=nnx.Rngs(dropout=7))
+    theirs_called = nnx.Dropout(0.3, broadcast_dims=broadcast_dims)
     ours_held = pnn.Dropout(0.3, broadcast_dims=broadcast_dims, rngs=pnn.Rngs(dropout=7))
     ours_called = pnn.Dropout(0.3, broadcast_dims=broadcast_dims)
     their_rngs, our_rngs = nnx.Rngs(dropout=7), pnn.Rngs(dropout=7)
     for _ in range(2):  # the second call draws a new mask
-        expected = theirs(x, rngs=their_rngs)
-        assert_close(ours_held(x), expected, rtol=0, atol=0)
+        assert_close(ours_held(x), theirs_held(x), rtol=0, atol=0)
+        expected = theirs_called(x, rngs=their_rngs)
         assert_close(ours_called(x, rngs=our_rngs), expected, rtol=0, atol=0)
     assert 0 < int((expected == 0).sum()) < x.size
+
+
+def test_two_dropouts_from_one_rngs_nnx():
+    """Each forks a stream of its own from the one Rngs, so the two draw different masks,
+    the same in every style (eager, `jit` with the model passed in); both libraries derive
+    the same keys, so the masks agree bit for bit as well."""
+    x = jnp.ones((8, 16))
+
+    class Ours(pnn.Module):
+        def __init__(self, rngs):
+            self.first = pnn.Dropout(0.5, rngs=rngs)
+            self.second = pnn.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x):
+            return self.first(x), self.second(x)
+
+    class Theirs(nnx.Module):
+        def __init__(self, rngs):
+            self.first = nnx.Dropout(0.5, rngs=rngs)
+            self.second = nnx.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x):
+            return self.first(x), self.second(x)
+
+    expected = Theirs(nnx.Rngs(0))(x)
+    assert not np.array_equal(expected[0], expected[1])
+    assert_close(nnx.jit(lambda m, x: m(x))(Theirs(nnx.Rngs(0)), x), expected, rtol=0, atol=0)
+    for style in (lambda f: f, pg.jit, jax.jit):
+        assert_close(style(lambda m, x: m(x))(Ours(pnn.Rngs(0)), x), expected, rtol=0, atol=0)
+
+
+def test_rngs_default_by_keyword_nnx():
+    """`Rngs(default=seed)` is `Rngs(seed)` in both, and draws the same keys."""
+    ours, theirs = pnn.Rngs(default=42), nnx.Rngs(default=42)
+    for _ in range(2):
+        assert_close(jax.random.key_data(ours.params()), jax.random.key_data(theirs.params()), 0, 0)
+    assert_close(jax.random.key_data(pnn.Rngs(42)()), jax.random.key_data(nnx.Rngs(42)()), 0, 0)
 
 
 def test_dropout_deterministic_nnx():
@@ -817,6 +852,18 @@ def test_linear_equinox(use_bias):
     ours = our_layer(pnn.Linear, 5, 3, use_bias=use_bias)
     theirs = filled(eqx_linear(eqx_shell(eqx.nn.Linear, 5, 3, use_bias=use_bias), ours))
     compare(ours, over_batch(theirs, 2), normal(1, (2, 4, 5)))
+
+
+def test_linear_with_no_input_features_equinox():
+    """`Linear(0, n)`, built by both with real initializers: an empty kernel, and the
+    output is the bias (ours holds its kernel as `(0, n)`, Equinox as `(n, 0)`)."""
+    ours = pnn.Linear(0, 3, bias_init=pnn.initializers.normal(), rngs=0)
+    theirs = eqx_linear(eqx.nn.Linear(0, 3, key=jax.random.key(0)), ours)
+    assert ours.kernel.value.shape == (0, 3) and theirs.weight.shape == (3, 0)
+    compare(ours, over_batch(theirs, 1), jnp.ones((2, 0)))
+    assert_close(ours(jnp.ones((0,))), ours.bias.value, rtol=0, atol=0)
+    mlp = eqx.nn.MLP(0, 2, 4, 1, key=jax.random.key(0))
+    assert pnn.MLP(0, 2, 4, 1, rngs=0)(jnp.ones((0,))).shape == mlp(jnp.ones((0,))).shape
 
 
 @pytest.mark.parametrize(

@@ -214,7 +214,8 @@ def test_default_initialisation():
 def test_attention_dropout_uses_the_kept_rngs_and_eval_turns_it_off():
     att = randomize_biases(MultiHeadAttention(2, 4, dropout_rate=0.5, rngs=Rngs(0, dropout=1)))
     x = normal(1, (2, 5, 4))
-    # The layer draws its key from the `dropout` stream of the Rngs it kept.
+    # The layer draws its key from a stream of its own, forked from the Rngs' `dropout`
+    # stream when it was built.
     key = pg.clone(att.rngs).dropout()
     keep = jax.random.bernoulli(key, 0.5, (1, 1, 5, 5)) / 0.5  # shared by batch and heads
     y = att(x)
@@ -229,12 +230,12 @@ def test_attention_dropout_uses_the_kept_rngs_and_eval_turns_it_off():
     call_key = Rngs(7).dropout()
     keep = jax.random.bernoulli(call_key, 0.5, (1, 1, 5, 5))[0] / 0.5
     np.testing.assert_allclose(att(x, rngs=7), reference_attention(att, x, keep=keep), atol=1e-5)
-    # Under pytree_graph.jit the kept Rngs advance in place.
+    # Under pytree_graph.jit the layer's stream advances in place.
     step = pg.jit(lambda m, x: m(x))
     count = int(att.rngs.dropout.count.value)
     assert not jnp.allclose(step(att, x), step(att, x))
     assert int(att.rngs.dropout.count.value) == count + 2
-    # Without dropout no Rngs is kept.
+    # Without dropout no stream is kept.
     assert MultiHeadAttention(2, 4, rngs=0).rngs is None
 
 

@@ -13,9 +13,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import pytree_graph as pg
+from pytree_filter import filter, is_inexact_array
 from pytree_graph import BatchStat, Param, Variable
-from pytree_nn import Linear, Module, Optimizer, Rngs, load_checkpoint, save_checkpoint
+from pytree_nn import (
+    Dropout,
+    Linear,
+    Module,
+    Optimizer,
+    Rngs,
+    load_checkpoint,
+    save_checkpoint,
+)
 from pytree_nn._checkpoint import decode_key, encode_path
+from pytree_transforms import apply_updates, filter_jit, filter_value_and_grad
 
 
 class Everything(Module):
@@ -416,3 +426,259 @@ def test_load_into_a_frozen_module_holding_arrays_returns_a_new_model(tmp_path):
     save_checkpoint(path, Outer(Param(jnp.ones(3))))
     assert load_checkpoint(path, mutable) is mutable
     assert mutable.inner.value.tolist() == [1.0, 1.0, 1.0]
+
+
+# ------------------------------------------------------------- what save_checkpoint takes
+
+
+@pytest.mark.parametrize("value", [None, 5, "model", jnp.ones(2)], ids=repr)
+def test_a_single_value_is_refused_and_writes_nothing(tmp_path, value):
+    with pytest.raises(TypeError, match=r"save_checkpoint: `model_or_state` must be a Module"):
+        save_checkpoint(tmp_path / "a.safetensors", value)
+    with pytest.raises(TypeError, match=r"load_checkpoint: `model` must be a Module"):
+        load_checkpoint(tmp_path / "a.safetensors", value)
+    with pytest.raises(TypeError, match=r"`path` must be a str or os.PathLike"):
+        save_checkpoint(None, Linear(2, 2, rngs=0))
+    assert os.listdir(tmp_path) == []
+
+
+def test_metadata_holding_nan_is_refused_when_saving(tmp_path):
+    model = Two(threshold=float("nan"))
+    with pytest.raises(ValueError, match=r"Param at \.a has the metadata threshold=nan"):
+        save_checkpoint(tmp_path / "a.safetensors", model)
+    with pytest.raises(ValueError, match=r"Param at \.a has the metadata limits=\(1.0, inf\)"):
+        save_checkpoint(tmp_path / "a.safetensors", Two(limits=(1.0, float("inf"))))
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_unwritable_directory_is_reported_for_the_path_given(tmp_path, monkeypatch):
+    path = tmp_path / "model.safetensors"
+    real_open = os.open
+
+    def refusing_open(name, flags, *args):
+        if flags & os.O_CREAT:
+            raise PermissionError(13, "Permission denied", name)
+        return real_open(name, flags, *args)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    with pytest.raises(PermissionError) as error:
+        save_checkpoint(path, Linear(2, 2, rngs=0))
+    assert error.value.filename == str(path)
+    assert f"cannot write {str(path)!r}" in str(error.value) and ".tmp" not in str(error.value)
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(
+    os.name != "posix" or os.geteuid() == 0, reason="POSIX permissions, which bind non-root users"
+)
+def test_a_read_only_directory_is_reported_for_the_path_given(tmp_path):
+    directory = tmp_path / "read-only"
+    directory.mkdir()
+    directory.chmod(0o555)
+    try:
+        with pytest.raises(PermissionError, match=r"cannot write .*read-only/model\.safetensors"):
+            save_checkpoint(directory / "model.safetensors", Linear(2, 2, rngs=0))
+    finally:
+        directory.chmod(0o755)
+    assert os.listdir(directory) == []
+
+
+# ------------------------------------------------------------------------ damaged headers
+
+
+class Small(Module):
+    """A little of every kind of state, for a checkpoint of a few kilobytes."""
+
+    def __init__(self, seed):
+        self.layer = Linear(2, 2, rngs=seed)
+        self.tied = self.layer.kernel
+        self.scale = Param(jnp.full((2,), seed + 0.5), sharding=(None,))
+        self.steps = Variable(seed)
+        self.raw = jnp.arange(2.0) + seed
+        self.rngs = Rngs(seed)
+
+
+def read_whole(path):
+    """The safetensors metadata and the arrays of the file at `path`."""
+    with safetensors.safe_open(path, framework="np") as file:
+        header = file.metadata()
+    return header, safetensors.numpy.load_file(path)
+
+
+def rewrite_entries(path, change):
+    """Rewrite the header entries of the checkpoint at `path` with `change(entries)`."""
+    header, tensors = read_whole(path)
+    entries = json.loads(header["entries"])
+    change(entries)
+    header["entries"] = json.dumps(entries)
+    safetensors.numpy.save_file(tensors, path, metadata=header)
+
+
+def _drop(name):
+    def change(entries):
+        del entries["layer/bias"][name]
+
+    return change
+
+
+def _set(name, value):
+    def change(entries):
+        entries["layer/bias"][name] = value
+
+    return change
+
+
+def _replace(value):
+    def change(entries):
+        entries["layer/bias"] = value
+
+    return change
+
+
+def _rename(entries):
+    entries["~2layer/bias"] = entries.pop("layer/bias")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (_drop("kind"), "has no kind"),
+        (_drop("shape"), "has no shape"),
+        (_drop("dtype"), "has no dtype"),
+        (_drop("crc32"), "has no crc32"),
+        (_replace([1, 2]), "is a list, not a mapping"),
+        (_replace(None), "is a NoneType, not a mapping"),
+        (_set("shape", None), "has the shape None"),
+        (_set("shape", [2, -1]), r"has the shape \[2, -1\]"),
+        (_set("shape", "2"), "has the shape '2'"),
+        (_set("kind", "tensor"), "has the kind 'tensor'"),
+        (_set("kind", "python"), "has the dtype 'float32' for a value of kind 'python'"),
+        (_set("dtype", 3), "has the dtype 3"),
+        (_set("crc32", "0"), "has the checksum '0'"),
+        (_set("key_impl", 1), "has the PRNG implementation 1"),
+        (_set("metadata", None), "a Variable type without metadata"),
+        (_rename, r"'~2layer/bias' is not a key save_checkpoint writes"),
+    ],
+)
+def test_a_malformed_header_entry_is_refused_and_changes_nothing(tmp_path, change, message):
+    path = tmp_path / "small.safetensors"
+    save_checkpoint(path, Small(0))
+    if change is _rename:
+        # Renamed in the arrays as well, so that only the key's spelling is wrong.
+        header, tensors = read_whole(path)
+        tensors["~2layer/bias"] = tensors.pop("layer/bias")
+        safetensors.numpy.save_file(tensors, path, metadata=header)
+    rewrite_entries(path, change)
+    model = Small(1)
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=f"not a readable checkpoint .*{message}"):
+        load_checkpoint(path, model)
+    assert_unchanged(before, model)
+
+
+def test_every_flipped_byte_is_refused_or_loaded_exactly(tmp_path):
+    """Each byte of the header (and every third byte of the arrays) changed in two ways:
+    loading raises the documented ValueError and leaves the model as it was, or succeeds
+    with exactly the values saved."""
+    path = tmp_path / "small.safetensors"
+    saved = Small(0)
+    save_checkpoint(path, saved)
+    content = path.read_bytes()
+    header_end = 8 + int.from_bytes(content[:8], "little")
+    positions = [*range(header_end), *range(header_end, len(content), 3)]
+    damaged = tmp_path / "damaged.safetensors"
+    model = Small(1)
+    before = snapshot(model)
+    unexpected, loaded = [], 0
+    for position in positions:
+        for mask in (0x01, 0xFF):
+            flipped = bytearray(content)
+            flipped[position] ^= mask
+            damaged.write_bytes(bytes(flipped))
+            try:
+                load_checkpoint(damaged, model)
+            except ValueError:
+                assert_unchanged(before, model)
+                continue
+            except Exception as error:  # anything else is a failure, listed below
+                unexpected.append((position, mask, type(error).__name__, str(error)[:80]))
+                assert_unchanged(before, model)
+                continue
+            loaded += 1
+            assert_same_values(model, saved)
+            model = Small(1)
+    assert unexpected == []
+    assert loaded < len(positions)  # almost every change is caught
+
+
+# ------------------------------------------------------------- the functional style's state
+
+
+class Net(Module):
+    def __init__(self, rngs):
+        self.hidden = Linear(2, 8, rngs=rngs)
+        self.dropout = Dropout(0.2, rngs=rngs)
+        self.out = Linear(8, 1, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(self.dropout(jax.nn.relu(self.hidden(x))))
+
+
+def test_an_optax_state_saves_and_loads_as_a_new_state(tmp_path):
+    path = tmp_path / "opt_state.safetensors"
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(0.1))
+    model = Net(Rngs(0))
+    params = filter(model, is_inexact_array)  # None where the dropout keys are
+    opt_state = tx.init(params)
+    _, opt_state = tx.update(params, opt_state, params)  # a count of 1, moments not zero
+    save_checkpoint(path, opt_state)
+    template = tx.init(filter(Net(Rngs(1)), is_inexact_array))
+    before = jax.tree.leaves(template)
+    loaded = load_checkpoint(path, template)
+    # A tuple of namedtuples cannot change in place: a new state, the template as it was.
+    assert loaded is not template
+    assert jax.tree.structure(loaded) == jax.tree.structure(opt_state)
+    for got, want in zip(jax.tree.leaves(loaded), jax.tree.leaves(opt_state), strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert int(loaded[1][0].count) == 1
+    assert loaded[1][0].mu.dropout.rngs.default.key.value is None
+    for got, kept in zip(jax.tree.leaves(template), before, strict=True):
+        assert got is kept
+
+
+tx = optax.adam(0.05)
+
+
+def loss_and_model(model, x, y):
+    return jnp.mean((model(x) - y) ** 2), model  # the model whose dropout counter moved on
+
+
+@filter_jit
+def functional_step(model, opt_state, x, y):
+    (loss, model), grads = filter_value_and_grad(loss_and_model, has_aux=True)(model, x, y)
+    updates, opt_state = tx.update(grads, opt_state, filter(model, is_inexact_array))
+    return apply_updates(model, updates), opt_state, loss
+
+
+def test_functional_training_resumes_from_a_checkpoint_with_identical_results(tmp_path):
+    x = jnp.linspace(-1, 1, 32).reshape(16, 2)
+    y = jnp.sin(3 * x[:, :1]) + x[:, 1:]
+    model = Net(Rngs(0))
+    opt_state = tx.init(filter(model, is_inexact_array))
+    for _ in range(3):
+        model, opt_state, _ = functional_step(model, opt_state, x, y)
+    save_checkpoint(tmp_path / "model.safetensors", model)
+    save_checkpoint(tmp_path / "opt_state.safetensors", opt_state)
+
+    resumed = Net(Rngs(7))  # another initialisation: everything comes from the files
+    resumed = load_checkpoint(tmp_path / "model.safetensors", resumed)
+    resumed_state = tx.init(filter(resumed, is_inexact_array))
+    resumed_state = load_checkpoint(tmp_path / "opt_state.safetensors", resumed_state)
+    for _ in range(3):
+        model, opt_state, loss = functional_step(model, opt_state, x, y)
+        resumed, resumed_state, resumed_loss = functional_step(resumed, resumed_state, x, y)
+        assert float(resumed_loss) == float(loss)
+    assert_same_values(resumed, model)
+    for got, want in zip(jax.tree.leaves(resumed_state), jax.tree.leaves(opt_state), strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -46,6 +46,22 @@ def test_rngs_accept_seeds_and_keys_and_refuse_the_rest():
         only_params.dropout()
 
 
+def test_the_default_stream_can_be_named_by_keyword():
+    by_keyword, by_position = Rngs(default=42), Rngs(42)
+    assert by_keyword.streams() == ["default"]
+    for _ in range(2):
+        np.testing.assert_array_equal(
+            jax.random.key_data(by_keyword.params()), jax.random.key_data(by_position())
+        )
+    with_more = Rngs(default=0, dropout=1)
+    assert sorted(with_more.streams()) == ["default", "dropout"]
+    np.testing.assert_array_equal(jax.random.key_data(with_more()), jax.random.key_data(Rngs(0)()))
+    with pytest.raises(TypeError, match="default stream twice"):
+        Rngs(0, default=1)
+    with pytest.raises(TypeError, match=r"Rngs\(default=None\)"):
+        Rngs(default=None)
+
+
 def test_rngs_distributions_and_split_for_vmap():
     rngs = Rngs(0)
     assert rngs.normal((2, 3)).shape == (2, 3)
@@ -143,6 +159,29 @@ def test_linear_matches_a_reference_and_checks_its_inputs():
         Linear(3, 0, rngs=0)
     with pytest.raises(TypeError, match="Linear needs `rngs=`"):
         Linear(3, 4)
+
+
+def test_linear_with_no_input_features_gives_its_bias():
+    # As Equinox's Linear(0, n): an empty kernel, and the output is the bias.
+    layer = Linear(0, 3, bias_init=initializers.ones, rngs=0)
+    assert layer.kernel.value.shape == (0, 3)
+    np.testing.assert_array_equal(layer(jnp.ones((2, 0))), jnp.ones((2, 3)))
+    np.testing.assert_array_equal(layer(jnp.ones((0,))), jnp.ones(3))
+    # Every initializer sees no empty shape (fan-in scaled ones would divide by zero),
+    # and the bias gets the key it gets in any Linear.
+    seen = []
+    recording = Linear(0, 3, kernel_init=lambda *a: seen.append(a), rngs=0)
+    assert seen == [] and float(jnp.abs(recording.kernel.value).sum()) == 0.0
+    normal = initializers.normal()
+    np.testing.assert_array_equal(
+        Linear(0, 3, bias_init=normal, rngs=0).bias.value,
+        Linear(2, 3, bias_init=normal, rngs=0).bias.value,
+    )
+    assert MLP(0, 2, width_size=4, depth=1, rngs=0)(jnp.ones((0,))).shape == (2,)
+    with pytest.raises(ValueError, match="in_features must be an int >= 0, got -1"):
+        Linear(-1, 3, rngs=0)
+    with pytest.raises(ValueError, match="out_size must be a positive int, got 0"):
+        MLP(0, 0, width_size=4, depth=1, rngs=0)
 
 
 def test_mlp_as_equinox_defines_it():

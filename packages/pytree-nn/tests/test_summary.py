@@ -2,6 +2,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import pytree_graph as pg
 from pytree_graph import BatchStat, Param
@@ -114,3 +115,9 @@ def test_many_variables_are_counted_not_listed():
 def test_abstract_model():
     abstract = pg.eval_shape(lambda: Linear(4, 5, rngs=0))
     assert "25 (100 B): bias f32[5], kernel f32[4,5]" in tabulate(abstract)
+
+
+def test_a_single_value_is_refused():
+    for value in (5, None, jnp.ones(3)):
+        with pytest.raises(TypeError, match=r"tabulate: `model` must be a Module .*got "):
+            tabulate(value)

@@ -17,7 +17,7 @@ from ._dropout import drop
 from ._dtypes import promote_dtype
 from ._linear import default_kernel_init, sharded_param
 from ._module import Module
-from ._rngs import as_rngs
+from ._rngs import as_rngs, forked_rngs
 
 
 def _check_extra_batch_dims(where: str, extra_batch_dims: Any) -> None:
@@ -391,9 +391,11 @@ class MultiHeadAttention(Module):
     `(batch..., num_heads, q_length, kv_length)`: build it with `make_causal_mask`,
     `make_attention_mask` and `combine_masks`.
 
-    Attention dropout draws keys from the `dropout` stream of the `Rngs` given here (kept
-    when `dropout_rate > 0`), or of `rngs=` given to the call; it is off in evaluation
-    mode (`deterministic=True`, set by `Module.eval()`).
+    Attention dropout (when `dropout_rate > 0`) draws keys from a stream of the layer's
+    own, forked from the `dropout` stream of `rngs` after the parameters are drawn (as
+    Flax NNX does; kept at `.rngs.default`), or from the `dropout` stream of `rngs=` given
+    to the call; it is off in evaluation mode (`deterministic=True`, set by
+    `Module.eval()`).
 
     Autoregressive decoding: `init_cache(input_shape)` makes `Cache` Variables
     (`cached_key`, `cached_value`, `cache_index`); each call in decode mode then takes the
@@ -436,8 +438,8 @@ class MultiHeadAttention(Module):
         out_kernel_sharding: the mesh axes of the `out` kernel
             `(num_heads, head_dim, out_features)`, e.g. `("model", None, None)`.
         out_bias_sharding: the mesh axes of its bias `(out_features,)`.
-        rngs: an `Rngs`, a PRNG key or an int seed (parameters from its `params` stream,
-            dropout keys from its `dropout` stream).
+        rngs: an `Rngs`, a PRNG key or an int seed (parameters from its `params` stream;
+            the dropout stream forked from its `dropout` stream).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -557,7 +559,9 @@ class MultiHeadAttention(Module):
         self.use_bias = use_bias
         self.attention_fn = attention_fn
         self.decode = decode
-        self.rngs = data(rngs if dropout_rate > 0 else None)
+        self.rngs = data(
+            forked_rngs(rngs, "dropout", "MultiHeadAttention") if dropout_rate > 0 else None
+        )
         self.cached_key = data(None)
         self.cached_value = data(None)
         self.cache_index = data(None)
@@ -584,8 +588,8 @@ class MultiHeadAttention(Module):
                 `(batch..., num_heads, q_length, kv_length)`; in decode mode `kv_length`
                 is the cache's length.
             deterministic: override the layer's mode for this call (True: no dropout).
-            rngs: dropout keys for this call (an `Rngs`, key or seed) instead of the
-                layer's.
+            rngs: dropout keys for this call (an `Rngs`, `RngStream`, key or seed)
+                instead of the layer's own stream.
             decode: override the layer's `decode` for this call.
 
         Returns:

@@ -1,7 +1,9 @@
 """Checkpoints: a model's State in one safetensors file, written atomically."""
 
 import contextlib
+import errno
 import json
+import math
 import os
 import re
 import stat
@@ -18,9 +20,10 @@ import safetensors.numpy
 
 import pytree_graph
 from pytree_graph import State, Variable
-from pytree_graph._split_merge import _locate
 from pytree_graph._traverse import show_path
-from pytree_module import Module
+from pytree_module import TraceContextError
+
+from ._checks import check_graph
 
 Path = tuple[Any, ...]
 
@@ -51,6 +54,12 @@ _INT = re.compile(r"-?[0-9]+\Z")
 _UNESCAPE = {"0": "~", "1": "/", "2": ""}
 _SHOWN = 10  # problems listed in one error
 _METADATA = "has metadata"
+_NONE = "None"  # the dtype (and kind) of a Variable holding None, as optax states have
+_KINDS = {"python": {"bool", "int", "float"}, "array": None, "none": {_NONE}}
+_SAVED = (
+    "a Module (or any graph of Modules and Variables), a State, or a list, tuple or dict "
+    "of them or of arrays (e.g. an optax state)"
+)
 
 
 def encode_path(path: Path) -> str:
@@ -87,15 +96,25 @@ def encode_path(path: Path) -> str:
 
 
 def decode_key(key: str) -> Path:
-    """The State path a checkpoint key (from `encode_path`) stands for."""
-    return tuple(
+    """The State path a checkpoint key (from `encode_path`) stands for.
+
+    Raises:
+        ValueError: `key` is not one `encode_path` writes (so no two keys of a file can
+            stand for the same path).
+    """
+    path = tuple(
         int(part) if _INT.match(part) else re.sub(r"~([012])", lambda m: _UNESCAPE[m[1]], part)
         for part in key.split("/")
     )
+    if encode_path(path) != key:
+        raise ValueError(f"{key!r} is not a key save_checkpoint writes")
+    return path
 
 
 def _describe(value: Any) -> tuple[str, str, tuple[int, ...]] | None:
     """`(kind, dtype, shape)` of a value a checkpoint can hold, else None."""
+    if value is None:
+        return "none", _NONE, ()
     if isinstance(value, _PYTHON_SCALARS):
         return "python", type(value).__name__, ()
     if isinstance(value, _ARRAYS):
@@ -103,16 +122,32 @@ def _describe(value: Any) -> tuple[str, str, tuple[int, ...]] | None:
     return None
 
 
-def _json_metadata(variable: Variable) -> dict[str, Any]:
-    """The metadata JSON can represent (the other entries are only checked by name)."""
+def _json_metadata(variable: Variable, path: Path, function: str) -> dict[str, Any]:
+    """The metadata JSON can represent (the other entries are only checked by name).
+
+    Raises:
+        ValueError: a metadata value holds a NaN or an infinity, which JSON cannot hold
+            and which would never compare equal on loading.
+    """
     saved = {}
     for name, value in variable.metadata.items():
-        with contextlib.suppress(TypeError):
+        try:
             saved[name] = _as_json(value)
+        except TypeError:
+            continue  # not representable in JSON: checked by name only
+        except ValueError:
+            raise ValueError(
+                f"{function}: the {type(variable).__name__} at {show_path(path)} has the "
+                f"metadata {name}={value!r}, which holds a NaN or an infinity; a checkpoint "
+                "keeps metadata as JSON, which has neither. Give it a finite value (or "
+                "None) before saving."
+            ) from None
     return saved
 
 
 def _as_json(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(value)
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, list | tuple):
@@ -130,19 +165,20 @@ def _stored(path: Path, leaf: Any) -> tuple[np.ndarray, dict[str, Any]]:
         what = "an abstract array (no values)" if described else f"a {type(value).__name__}"
         raise TypeError(
             f"save_checkpoint: the {type(leaf).__name__} at {show_path(path)} holds {what}; "
-            "checkpoints hold arrays and Python bool/int/float. Leave it out, e.g. "
+            "checkpoints hold arrays, Python bool/int/float and None. Leave it out, e.g. "
             "`save_checkpoint(path, pytree_graph.state(model, Param))`, or `pop` it first."
         )
     kind, dtype, shape = described
     entry: dict[str, Any] = {"kind": kind, "dtype": dtype, "shape": list(shape)}
     if isinstance(leaf, Variable):
         entry["type"] = type(leaf).__qualname__
-        entry["metadata"] = _json_metadata(leaf)
+        entry["metadata"] = _json_metadata(leaf, path, "save_checkpoint")
         entry["metadata_names"] = sorted(leaf.metadata)
     if kind == "array" and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
         entry["key_impl"] = str(jax.random.key_impl(value))
         value = jax.random.key_data(value)
-    array = np.ascontiguousarray(np.asarray(value))
+    # None is written as an empty array (every key of the file names an array).
+    array = np.zeros(0, np.uint8) if kind == "none" else np.ascontiguousarray(np.asarray(value))
     if array.dtype.name not in _NATIVE:
         array = array.reshape(-1).view(np.uint8).reshape(*array.shape, array.dtype.itemsize)
     entry["crc32"] = zlib.crc32(array.reshape(-1).view(np.uint8))
@@ -159,7 +195,8 @@ def save_checkpoint(path: str | os.PathLike, model_or_state: Any) -> None:
 
     The file is written under a temporary name in the same directory, flushed to disk,
     and then renamed over `path`: a failure part-way leaves any earlier file at `path`
-    as it was.
+    as it was, and a reader never sees half a file. (Two threads or processes saving to
+    one `path` at once each write a file of their own; the last rename wins.)
 
     Keys: the keys of a path joined by `/`, ints in decimal (`layers/0/kernel`); in str
     keys `~` is written `~0` and `/` is written `~1`, and a str that is empty or reads as
@@ -168,12 +205,17 @@ def save_checkpoint(path: str | os.PathLike, model_or_state: Any) -> None:
     Arguments:
         path: the file to write (conventionally ending in `.safetensors`).
         model_or_state: a Module (or any graph of Modules and Variables), whose whole
-            state is saved; or a `State`, e.g. `pytree_graph.state(model, Param)` to
-            save the parameters only.
+            state is saved; a `State`, e.g. `pytree_graph.state(model, Param)` to save
+            the parameters only; or any pytree of arrays, such as an optax optimizer
+            state (`tx.init(filter(model, is_inexact_array))`).
 
     Raises:
-        TypeError: a Variable holds something that is not an array or a Python scalar,
-            or a path has a key that is not a str or int.
+        TypeError: `path` is not a path, `model_or_state` is a single value (None, a
+            number, an array) rather than something holding state, a Variable holds
+            something that is not an array, a Python scalar or None, or a path has a
+            key that is not a str or int. No file is written.
+        ValueError: a Variable's metadata holds a NaN or an infinity (JSON has neither).
+        PermissionError: the directory of `path` cannot be written to.
 
     Examples:
         >>> import os, tempfile
@@ -184,6 +226,12 @@ def save_checkpoint(path: str | os.PathLike, model_or_state: Any) -> None:
         >>> bool((restored.kernel.value == Linear(2, 3, rngs=0).kernel.value).all())
         True
     """
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(
+            f"save_checkpoint: `path` must be a str or os.PathLike (the file to write), got "
+            f"a {type(path).__name__} ({path!r})."
+        )
+    check_graph("save_checkpoint", "model_or_state", model_or_state, _SAVED)
     state = model_or_state if isinstance(model_or_state, State) else None
     if state is None:
         state = pytree_graph.state(model_or_state)
@@ -219,6 +267,18 @@ def _write_atomically(path: str, tensors: dict[str, np.ndarray], header: dict[st
     if os.path.isdir(path):
         raise IsADirectoryError(f"save_checkpoint: {path!r} is a directory; give a file name.")
     temporary = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    try:
+        # Made here first, so that a directory we may not write to is reported for the
+        # user's path (safetensors would name its own temporary file, in its own error).
+        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except PermissionError:
+        raise PermissionError(
+            errno.EACCES,
+            f"save_checkpoint: cannot write {path!r}: no permission to create files in "
+            f"{directory!r}. Save to a directory you can write to, or change its "
+            "permissions",
+            path,
+        ) from None
     try:
         safetensors.numpy.save_file(tensors, temporary, metadata=header)
         # safetensors creates files readable by their owner only; give the checkpoint the
@@ -269,7 +329,49 @@ def _read(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
         raise ValueError(f"{corrupt}: its header entries cannot be read ({error}).") from None
     if not isinstance(entries, dict) or entries.keys() != tensors.keys():
         raise ValueError(f"{corrupt}: its header does not describe the arrays it holds.")
+    for key, entry in entries.items():
+        problem = _malformed(entry)
+        if problem is None:
+            try:
+                decode_key(key)
+            except ValueError as error:
+                problem = str(error)
+        if problem is not None:
+            raise ValueError(f"{corrupt}: the header entry of {key!r} {problem}.")
     return tensors, entries
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _malformed(entry: Any) -> str | None:
+    """What is wrong with the form of a header entry (as `_stored` writes them), or None."""
+    if not isinstance(entry, dict):
+        return f"is a {type(entry).__name__}, not a mapping"
+    missing = sorted({"kind", "dtype", "shape", "crc32"} - entry.keys())
+    if missing:
+        return f"has no {', '.join(missing)}"
+    kind, dtype, shape = entry["kind"], entry["dtype"], entry["shape"]
+    if kind not in _KINDS:
+        return f"has the kind {kind!r} (not one of {sorted(_KINDS)})"
+    if not isinstance(dtype, str) or (_KINDS[kind] is not None and dtype not in _KINDS[kind]):
+        return f"has the dtype {dtype!r} for a value of kind {kind!r}"
+    if not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape):
+        return f"has the shape {shape!r} (not a list of sizes)"
+    if kind != "array" and shape:
+        return f"has the shape {shape!r} for a value of kind {kind!r}"
+    if not _is_int(entry["crc32"]):
+        return f"has the checksum {entry['crc32']!r} (not an int)"
+    if not isinstance(entry.get("key_impl", ""), str):
+        return f"has the PRNG implementation {entry['key_impl']!r} (not a name)"
+    if "type" in entry and not (
+        isinstance(entry["type"], str)
+        and isinstance(entry.get("metadata"), dict)
+        and isinstance(entry.get("metadata_names"), list)
+    ):
+        return "has a Variable type without metadata and its names"
+    return None
 
 
 def _restored(key: str, tensor: dict[str, Any], entry: dict[str, Any]) -> Any:
@@ -280,8 +382,18 @@ def _restored(key: str, tensor: dict[str, Any], entry: dict[str, Any]) -> Any:
             f"the array {key!r} is corrupt (its checksum or dtype {code} is not what was written)"
         )
     array = np.frombuffer(data, dtype=jnp.dtype(_BY_CODE[code])).reshape(shape)
+    if entry["kind"] == "none":
+        if array.size:
+            raise ValueError(f"the entry {key!r} holds None but has {array.size} values")
+        return None
     if "key_impl" in entry:
-        return jax.random.wrap_key_data(array, impl=entry["key_impl"])
+        keys = jax.random.wrap_key_data(array, impl=entry["key_impl"])
+        if str(keys.dtype) != entry["dtype"] or list(keys.shape) != entry["shape"]:
+            raise ValueError(
+                f"the PRNG keys {key!r} are {_show_array(str(keys.dtype), keys.shape)}, not "
+                f"the {_show_array(entry['dtype'], entry['shape'])} written"
+            )
+        return keys
     dtype = jnp.dtype(entry["dtype"]) if entry["kind"] == "array" else array.dtype
     if array.dtype != dtype:
         array = array.reshape(-1).view(dtype)
@@ -290,6 +402,8 @@ def _restored(key: str, tensor: dict[str, Any], entry: dict[str, Any]) -> Any:
 
 def _placed(value: Any, current: Any, kind: str) -> Any:
     """A loaded value in the form of the value it replaces (device and sharding kept)."""
+    if kind == "none":
+        return None
     if kind == "python":
         return type(current)(value.item())
     if isinstance(current, jax.Array):
@@ -303,7 +417,7 @@ def _placed(value: Any, current: Any, kind: str) -> Any:
 
 
 def _show_array(dtype: str, shape: tuple[int, ...]) -> str:
-    return f"{dtype}[{','.join(map(str, shape))}]"
+    return _NONE if dtype == _NONE else f"{dtype}[{','.join(map(str, shape))}]"
 
 
 def _mismatch(path: Path, leaf: Any, entry: dict[str, Any], check_metadata: bool) -> str | None:
@@ -325,7 +439,7 @@ def _mismatch(path: Path, leaf: Any, entry: dict[str, Any], check_metadata: bool
         return f"{where} is {now} in the model but {_show_array(*saved[1:])} in the checkpoint"
     if check_metadata and isinstance(leaf, Variable):
         names = sorted(leaf.metadata)
-        current = _json_metadata(leaf)
+        current = _json_metadata(leaf, path, "load_checkpoint")
         if names != entry.get("metadata_names") or current != entry.get("metadata"):
             return (
                 f"the {type(leaf).__name__} at {where} {_METADATA} {current} (names "
@@ -351,7 +465,8 @@ def load_checkpoint(
     Arguments:
         path: the checkpoint file.
         model: the model to restore into (a Module, or any graph of Modules and
-            Variables), built with the same structure as the one saved.
+            Variables, or any pytree of arrays such as an optax state), built with the
+            same structure as the one saved.
         *filters: the part of the model the checkpoint holds, as for
             `pytree_graph.state` (e.g. `Param` for a checkpoint saved from
             `pytree_graph.state(model, Param)`); by default, all of it.
@@ -359,14 +474,18 @@ def load_checkpoint(
             model's own metadata is kept either way).
 
     Returns:
-        `model`, restored in place; or, when the model holds arrays directly in frozen
-        Modules (Equinox style: `class M(Module, frozen=True)` with `w: jax.Array`), which
-        cannot change in place, a new model with the loaded values and `model` unchanged.
+        `model`, restored in place; or, when it holds arrays directly in something that
+        cannot change in place (a frozen Module, Equinox style: `class M(Module,
+        frozen=True)` with `w: jax.Array`; a tuple or namedtuple, as in an optax state),
+        a new model (or state) with the loaded values, and `model` unchanged.
         `model = load_checkpoint(path, model)` works either way.
 
     Raises:
-        ValueError: the file is not a checkpoint, is truncated or corrupt, or does not
-            match the model (the message lists what differs).
+        TypeError: `path` is not a path, or `model` is a single value (None, a number,
+            an array) rather than something holding state.
+        ValueError: the file is not a checkpoint, is truncated or corrupt (any damaged
+            byte of its header, any damaged array), or does not match the model (the
+            message lists what differs). `model` is left as it was.
 
     Examples:
         >>> import os, tempfile
@@ -380,6 +499,12 @@ def load_checkpoint(
         ...
         ValueError: load_checkpoint: ... .bias is float32[4] in the model but float32[3] in ...
     """
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(
+            f"load_checkpoint: `path` must be a str or os.PathLike (the file to read), got "
+            f"a {type(path).__name__} ({path!r})."
+        )
+    check_graph("load_checkpoint", "model", model, _SAVED)
     path = os.fspath(path)
     states = pytree_graph.state(model, *filters)
     flat: dict[Path, Any] = {}
@@ -422,21 +547,20 @@ def load_checkpoint(
             )
         )
     placed = {p: _placed(v, c, kind) for p, (v, c, kind) in values.items()}
-    frozen = [p for p in placed if not isinstance(flat[p], Variable) and _in_frozen(model, p)]
-    if not frozen:
+    try:
+        # `update` checks every path before it writes one, so when it refuses, nothing of
+        # `model` has changed.
         pytree_graph.update(model, State.from_flat_path(placed))
-        return model
-    # Arrays held directly by frozen Modules cannot change in place: build a new model with
-    # the loaded values (an Equinox-style model; `model = load_checkpoint(...)` takes it).
-    graphdef, whole = pytree_graph.split(model)
-    everything = dict(whole.flat_state())
-    for leaf_path, value in placed.items():
-        leaf = everything[leaf_path]
-        everything[leaf_path] = leaf.replace(value) if isinstance(leaf, Variable) else value
-    return pytree_graph.merge(graphdef, State.from_flat_path(everything))
-
-
-def _in_frozen(model: Any, path: Path) -> bool:
-    """Whether the value at `path` is an attribute of a frozen Module (which refuses writes)."""
-    parent, _ = _locate(model, path)  # the walk `update` itself makes
-    return isinstance(parent, Module) and type(parent).__module_frozen__
+    except TraceContextError:
+        raise  # a write refused inside a trace is the caller's error, not a form of model
+    except ValueError:
+        # Arrays held directly by frozen Modules, tuples or namedtuples (an Equinox-style
+        # model, an optax state) cannot change in place: build a new graph with the
+        # loaded values, which `model = load_checkpoint(...)` takes.
+        graphdef, whole = pytree_graph.split(model)
+        everything = dict(whole.flat_state())
+        for leaf_path, value in placed.items():
+            leaf = everything[leaf_path]
+            everything[leaf_path] = leaf.replace(value) if isinstance(leaf, Variable) else value
+        return pytree_graph.merge(graphdef, State.from_flat_path(everything))
+    return model

@@ -3,15 +3,21 @@
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+import pytree_graph
+import pytree_module
 
-def check_features(layer: str, **sizes: Any) -> None:
-    """Refuse sizes that are not positive ints, naming the argument."""
+
+def check_features(layer: str, *, smallest: int = 1, **sizes: Any) -> None:
+    """Refuse sizes that are not ints of at least `smallest` (positive by default),
+    naming the argument."""
+    wanted = "a positive int" if smallest == 1 else f"an int >= {smallest}"
     for name, size in sizes.items():
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"{layer}: {name} must be a positive int, got {size!r}.")
+        if isinstance(size, bool) or not isinstance(size, int) or size < smallest:
+            raise ValueError(f"{layer}: {name} must be {wanted}, got {size!r}.")
 
 
 def check_number(layer: str, name: str, value: Any, low: float, high: float) -> float:
@@ -59,3 +65,19 @@ def check_sharding(layer: str, name: str, sharding: Any, ndim: int) -> tuple[Any
             f"dimensions; give one per dimension (None: not split), got {sharding!r}."
         )
     return tuple(sharding)
+
+
+def check_graph(function: str, argument: str, value: Any, expected: str) -> None:
+    """Refuse a single value (None, a number, a string, an array) where a model or another
+    graph of objects is expected, naming the argument and what it takes."""
+    if isinstance(value, pytree_module.Module | pytree_graph.Variable | pytree_graph.State):
+        return
+    leaves = [] if value is None else jax.tree.leaves(value)
+    if value is None or (len(leaves) == 1 and leaves[0] is value):
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise TypeError(
+            f"{function}: `{argument}` must be {expected}; got {shown} (of type "
+            f"{type(value).__name__}), a single value. Pass the model (or state) that "
+            "holds it."
+        )

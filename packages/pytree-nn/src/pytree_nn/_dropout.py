@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from pytree_module import data
 
 from ._module import Module
-from ._rngs import as_rngs
+from ._rngs import as_rngs, forked_rngs
 
 
 def drop(
@@ -35,16 +35,23 @@ class Dropout(Module):
 
     In training mode (the default; see `Module.train`/`eval`) each element is kept with
     probability `1 - rate` and divided by it, so expectations are unchanged; in
-    evaluation mode (`deterministic=True`) the input passes through. Keys come from the
-    `Rngs` given at construction (kept by the layer, and advanced in place) or at the
-    call, from its `rng_collection` stream.
+    evaluation mode (`deterministic=True`) the input passes through.
+
+    Keys come from a stream of the layer's own, forked at construction from the
+    `rng_collection` stream of `rngs` (as Flax NNX's `Dropout` does): `rngs` advances by
+    one key, and the layer keeps an `Rngs` whose default stream is the fork (at
+    `.rngs.default`; its counter advances at each mask drawn). Two layers built from
+    one `Rngs` so draw different masks, and every way of running the model
+    (`pytree_graph.jit`, `filter_jit`, `jax.jit`, no jit) draws the same ones. An `rngs=`
+    given to a call is used instead, from its `rng_collection` stream.
 
     Arguments:
         rate: the probability of dropping an element, in [0, 1].
         broadcast_dims: axes along which the same mask is used (e.g. drop whole channels).
         deterministic: start in evaluation mode.
         rng_collection: the name of the `Rngs` stream to draw from.
-        rngs: an `Rngs`, a PRNG key or an int seed (or None: pass `rngs=` to each call).
+        rngs: an `Rngs`, an `RngStream`, a PRNG key or an int seed to fork the layer's
+            stream from (or None: pass `rngs=` to each call).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -55,6 +62,10 @@ class Dropout(Module):
         True
         >>> dropout.eval()(jnp.ones(3)).tolist()
         [1.0, 1.0, 1.0]
+        >>> rngs = Rngs(0)
+        >>> first, second = Dropout(0.5, rngs=rngs), Dropout(0.5, rngs=rngs)
+        >>> bool((first(jnp.ones(8)) == second(jnp.ones(8))).all())  # streams of their own
+        False
     """
 
     def __init__(
@@ -72,7 +83,7 @@ class Dropout(Module):
         self.broadcast_dims = tuple(broadcast_dims)
         self.deterministic = deterministic
         self.rng_collection = rng_collection
-        self.rngs = data(None if rngs is None else as_rngs(rngs, "Dropout"))
+        self.rngs = data(None if rngs is None else forked_rngs(rngs, rng_collection, "Dropout"))
 
     def __call__(
         self, x: jax.Array, *, deterministic: bool | None = None, rngs: Any = None
@@ -82,7 +93,8 @@ class Dropout(Module):
         Arguments:
             x: the input.
             deterministic: override the layer's mode for this call.
-            rngs: keys for this call (an `Rngs`, key or seed) instead of the layer's.
+            rngs: keys for this call (an `Rngs`, `RngStream`, key or seed) instead of the
+                layer's own stream.
         """
         if deterministic is None:
             deterministic = self.deterministic

@@ -1,6 +1,7 @@
 """Dense layers: `Linear` and `MLP`."""
 
 import itertools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -40,7 +41,15 @@ def kernel_and_bias(
     with the shardings given (checked first, so a bad one draws no keys)."""
     kernel_sharding = check_sharding(layer, "kernel_sharding", kernel_sharding, len(kernel_shape))
     bias_sharding = check_sharding(layer, "bias_sharding", bias_sharding, 1)
-    kernel = sharded_param(kernel_init(rngs.params(), kernel_shape, param_dtype), kernel_sharding)
+    kernel_key = rngs.params()
+    if math.prod(kernel_shape) == 0:
+        # An empty kernel (no input features) has nothing to draw, and fan-in scaled
+        # initializers would divide by its zero fan-in. Its key is drawn all the same, so
+        # the bias gets the key it would get in any other layer.
+        value = jnp.zeros(kernel_shape, param_dtype)
+    else:
+        value = kernel_init(kernel_key, kernel_shape, param_dtype)
+    kernel = sharded_param(value, kernel_sharding)
     if not use_bias:
         return kernel, None
     bias = sharded_param(bias_init(rngs.params(), (out_features,), param_dtype), bias_sharding)
@@ -51,7 +60,8 @@ class Linear(Module):
     """A dense layer, `y = x @ kernel + bias`, over the last axis of any input.
 
     Arguments:
-        in_features: size of the input's last axis.
+        in_features: size of the input's last axis; 0 is allowed (an empty kernel of
+            shape `(0, out_features)`: the output is the bias).
         out_features: size of the output's last axis.
         use_bias: whether to add a bias.
         dtype: the dtype to compute in (None: promote the input's and the parameters').
@@ -89,7 +99,9 @@ class Linear(Module):
         bias_sharding: Any = None,
         rngs: Any = None,
     ):
-        check_features("Linear", in_features=in_features, out_features=out_features)
+        # No input features is allowed (as in Equinox): the output is then the bias.
+        check_features("Linear", smallest=0, in_features=in_features)
+        check_features("Linear", out_features=out_features)
         rngs = as_rngs(rngs, "Linear")
         self.kernel, self.bias = kernel_and_bias(
             "Linear",
@@ -127,7 +139,7 @@ class MLP(Module):
     """A multi-layer perceptron, as Equinox's: `depth` hidden layers of `width_size`.
 
     Arguments:
-        in_size: size of the input's last axis.
+        in_size: size of the input's last axis (0 allowed, see `Linear`).
         out_size: size of the output's last axis.
         width_size: size of each hidden layer.
         depth: the number of hidden layers (0: a single `Linear`).
@@ -168,7 +180,8 @@ class MLP(Module):
         bias_sharding: Any = None,
         rngs: Any = None,
     ):
-        check_features("MLP", in_size=in_size, out_size=out_size, width_size=width_size)
+        check_features("MLP", smallest=0, in_size=in_size)
+        check_features("MLP", out_size=out_size, width_size=width_size)
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
             raise ValueError(f"MLP: depth must be an int >= 0, got {depth!r}.")
         # Checked before the first layer draws a key.

@@ -61,6 +61,11 @@ class RngStream(Module):
         """`num` independent streams, stacked (for `vmap` or `scan`)."""
         return RngStream(jax.random.split(self(), num))
 
+    def fork(self) -> "RngStream":
+        """A new stream, independent of this one, whose root key is this stream's next key
+        (as Flax NNX's `RngStream.fork`). This stream advances by one key."""
+        return RngStream(self())
+
 
 def _fold_in(key: jax.Array, count: jax.Array) -> jax.Array:
     if key.shape:
@@ -82,7 +87,7 @@ _DISTRIBUTIONS = (
     "laplace",
     "exponential",
 )
-_RESERVED = frozenset({"default", "split", *_DISTRIBUTIONS}) | {
+_RESERVED = frozenset({"split", *_DISTRIBUTIONS}) | {
     name for name in dir(Module) if not name.startswith("_")
 }
 
@@ -95,9 +100,14 @@ class Rngs(Module):
     that was not given falls back to the default one. Layers take `rngs=` as an `Rngs`,
     a PRNG key or an int seed.
 
+    An `Rngs` is state, like a Param: each draw writes its stream's counter. Two threads
+    drawing from one `Rngs` at the same time race on that write (both may get the same
+    key); give each thread an `Rngs` of its own.
+
     Arguments:
         seed_or_key: the default stream's seed or key (None: no default stream).
-        **streams: more named streams, each with its seed or key.
+        **streams: more named streams, each with its seed or key; `default=` names the
+            default stream by keyword (`Rngs(default=0)` is `Rngs(0)`).
 
     Examples:
         >>> from pytree_nn import Rngs
@@ -108,9 +118,23 @@ class Rngs(Module):
         (2,)
         >>> rngs.split(4).default.key.value.shape  # four streams, for vmap
         (4,)
+        >>> bool((Rngs(default=5)() == Rngs(5)()).all())
+        True
     """
 
     def __init__(self, seed_or_key: Any = None, /, **streams: Any):
+        if "default" in streams:
+            if seed_or_key is not None:
+                raise TypeError(
+                    "Rngs got the default stream twice, as its first argument and as "
+                    "default=...; give one: Rngs(0) or Rngs(default=0)."
+                )
+            seed_or_key = streams.pop("default")
+            if seed_or_key is None:
+                raise TypeError(
+                    "Rngs(default=None): the default stream needs a seed or key, e.g. "
+                    "Rngs(default=0)."
+                )
         for name in streams:
             if name in _RESERVED or name.startswith("_"):
                 raise ValueError(
@@ -190,12 +214,28 @@ for _name in _DISTRIBUTIONS:
 
 
 def as_rngs(rngs: Any, where: str) -> Rngs:
-    """The `Rngs` a layer was given as `rngs=`: an `Rngs`, a PRNG key or an int seed."""
+    """The `Rngs` a layer was given as `rngs=`: an `Rngs`, an `RngStream` (its default
+    stream, shared), a PRNG key or an int seed."""
     if isinstance(rngs, Rngs):
         return rngs
+    if isinstance(rngs, RngStream):
+        return Rngs(rngs)
     if rngs is None:
         raise TypeError(
             f"{where} needs `rngs=` to initialise its parameters: an Rngs, a PRNG key or "
             "an int seed, e.g. rngs=Rngs(0) or rngs=0."
         )
     return Rngs(_as_key(rngs, f"{where}(rngs=...)"))
+
+
+def forked_rngs(rngs: Any, stream: str, where: str) -> Rngs:
+    """The `Rngs` kept by a layer that draws keys when called (dropout): one default stream
+    of its own, forked from the `stream` stream of the `rngs=` it was built with.
+
+    A layer holding a stream of its own shares no counter with any other layer, so every
+    way of running the model (in place, `pytree_graph.jit`, or pure transforms that see a
+    copy of each object) draws the same keys, and two layers built from one `Rngs` draw
+    different ones.
+    """
+    source = rngs if isinstance(rngs, RngStream) else getattr(as_rngs(rngs, where), stream)
+    return Rngs(source.fork())

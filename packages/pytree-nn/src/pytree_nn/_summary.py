@@ -11,6 +11,8 @@ import pytree_module
 from pytree_graph import Variable
 from pytree_graph._traverse import show_path
 
+from ._checks import check_graph
+
 Path = tuple[Any, ...]
 
 _ARRAYS = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
@@ -124,6 +126,9 @@ def tabulate(model: Any, *example_inputs: Any, **example_kwargs: Any) -> str:
     Returns:
         The table, as a string.
 
+    Raises:
+        TypeError: `model` is a single value (None, a number, an array), not a model.
+
     Examples:
         >>> import jax.numpy as jnp
         >>> from pytree_nn import Linear, Sequential, tabulate
@@ -138,6 +143,7 @@ def tabulate(model: Any, *example_inputs: Any, **example_kwargs: Any) -> str:
         <BLANKLINE>
         Total: 17 (68 B) in 3 Modules.
     """
+    check_graph("tabulate", "model", model, "a Module (or any graph of Modules and Variables)")
     items = list(pytree_graph.iter_graph(model))
     modules: dict[Path, Any] = {p: v for p, v in items if isinstance(v, pytree_module.Module)}
     modules.setdefault((), model)
