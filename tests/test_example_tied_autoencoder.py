@@ -66,8 +66,16 @@ def test_split_stores_the_shared_kernel_once_and_merge_reties_it():
 def test_plain_jax_makes_two_copies():
     model = _model()
     assert not example.is_tied(jax.jit(lambda m: m)(model))
-    tied, drift = example.functional_step_drift(model, jnp.full((4, example.FEATURES), 0.5))
-    assert not tied and drift > 1e-3
+
+
+def test_the_functional_step_keeps_the_tie_and_matches_the_graph_step():
+    model = _model()
+    before = np.asarray(model.encoder.kernel.value)
+    tied, difference = example.functional_step_difference(
+        model, jnp.full((4, example.FEATURES), 0.5)
+    )
+    assert tied and difference < 1e-6
+    np.testing.assert_array_equal(model.encoder.kernel.value, before)  # left unchanged
 
 
 def test_shared_kernel_gets_the_summed_gradient_once(data):

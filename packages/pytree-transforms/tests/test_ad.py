@@ -122,6 +122,55 @@ def test_jvp():
         filter_jvp(f, (jnp.array(3.0), 2, "sq"), (jnp.array(1.0),))
 
 
+def test_jvp_none_tangent_is_a_zero_tangent_for_a_float_input():
+    for y in (jnp.array(3.0), 3.0):
+        out, tangent = filter_jvp(lambda x, y: x * y, (jnp.array(2.0), y), (1.0, None))
+        assert float(out) == 6.0 and float(tangent) == 3.0
+    # None may stand for a whole argument, arrays and all.
+    params = {"w": jnp.array(2.0), "b": jnp.array(1.0)}
+    out, tangent = filter_jvp(lambda p, x: p["w"] * x + p["b"], (params, 3.0), (None, 1.0))
+    assert float(out) == 7.0 and float(tangent) == 2.0
+
+
+def test_jvp_outputs_that_do_not_depend_on_perturbed_inputs_have_none_tangents():
+    def f(x, y):
+        return x * 2, y * 3, jnp.ones(2), 1.5, jax.lax.stop_gradient(x), x.astype(int)
+
+    primals, tangents = (jnp.array(2.0), jnp.array(3.0)), (jnp.array(1.0), None)
+    for jvp in (filter_jvp, jax.jit(lambda p, t: filter_jvp(f, p, t))):
+        out, tangent = jvp(f, primals, tangents) if jvp is filter_jvp else jvp(primals, tangents)
+        assert float(out[1]) == 9.0 and out[3] == 1.5
+        assert float(tangent[0]) == 2.0
+        assert tangent[1:] == (None, None, None, None, None)
+
+
+def test_jvp_without_perturbed_inputs_calls_the_function_once_and_returns_none_tangents():
+    calls = []
+
+    def f(x, label):
+        calls.append(x)
+        return {"y": x * 2, "label": label}
+
+    out, tangent = filter_jvp(f, (jnp.array(2.0), "l"), (None, None))
+    assert float(out["y"]) == 4.0 and out["label"] == "l"
+    assert tangent == {"y": None, "label": None}
+    assert len(calls) == 1 and not isinstance(calls[0], jax.core.Tracer)
+
+
+def test_jvp_keyword_arguments_are_not_differentiated():
+    out, tangent = filter_jvp(lambda x, *, k: x * k, (jnp.array(2.0),), (1.0,), k=jnp.array(3.0))
+    assert float(out) == 6.0 and float(tangent) == 3.0
+
+
+def test_jvp_errors_name_the_tangent():
+    with pytest.raises(ValueError, match=r"tangents\[1\]\['n'\] is a tangent, but the primal"):
+        filter_jvp(lambda x, d: x, (1.0, {"n": jnp.array(2)}), (1.0, {"n": jnp.array(1.0)}))
+    with pytest.raises(ValueError, match=r"tangents\[0\] has shape \(3,\), but its primal"):
+        filter_jvp(lambda x: x, (jnp.ones(2),), (jnp.ones(3),))
+    with pytest.raises(TypeError, match="as tuples"):
+        filter_jvp(lambda x: x, jnp.ones(2), jnp.ones(2))
+
+
 def test_vjp_with_aux():
     out, vjp_fn, aux = filter_vjp(lambda x: ((x * 3, "tag"), "aux"), jnp.ones(2), has_aux=True)
     assert out[1] == "tag" and aux == "aux"

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from pytree_module import Module
-from pytree_transforms import filter_closure_convert, filter_custom_jvp, filter_grad, filter_jit
+from pytree_transforms import (
+    filter_closure_convert,
+    filter_custom_jvp,
+    filter_grad,
+    filter_jit,
+    filter_jvp,
+)
 
 
 @filter_custom_jvp
@@ -74,7 +80,7 @@ def test_tangents_are_none_for_nondifferentiable_leaves():
         seen["tangents"] = tangents
         params, n, name = primals
         t_params = tangents[0]
-        return f(params, n, name), t_params["w"] * n + t_params["b"]
+        return f(params, n, name), t_params["w"] * n
 
     params = {"w": jnp.array(2.0), "b": jnp.array(1.0), "steps": jnp.array(4), "act": "relu"}
     grads = jax.grad(lambda w: f({**params, "w": w}, 3, "f"))(jnp.array(2.0))
@@ -82,7 +88,8 @@ def test_tangents_are_none_for_nondifferentiable_leaves():
     t_params, t_n, t_name = seen["tangents"]
     assert t_n is None and t_name is None
     assert t_params["steps"] is None and t_params["act"] is None
-    assert t_params["b"] is not None
+    assert t_params["w"] is not None
+    assert t_params["b"] is None  # a floating-point array that is not differentiated
 
 
 def test_keyword_arguments_are_passed_to_the_rule_and_not_differentiated():
@@ -122,7 +129,8 @@ def test_modules_vmap_and_integer_outputs():
         model, x = primals
         t_model, tx = tangents
         assert t_model.name is None
-        tangent = t_model.weight * x + model.weight * tx + t_model.bias
+        terms = [(t_model.weight, x), (model.weight, tx), (t_model.bias, 1.0)]
+        tangent = sum(a * b for a, b in terms if a is not None and b is not None)
         return apply(model, x), (tangent, None)
 
     model = Affine(jnp.array(2.0), jnp.array(1.0), "affine")
@@ -136,6 +144,50 @@ def test_modules_vmap_and_integer_outputs():
     _, (tangent, t_index) = jax.jvp(lambda x: apply(model, x), (xs,), (jnp.ones(3),))
     assert tangent.tolist() == [2.0, 2.0, 2.0]
     assert t_index.dtype == jax.dtypes.float0
+
+
+def test_rule_gets_none_for_floating_point_inputs_not_differentiated():
+    seen = []
+
+    @filter_custom_jvp
+    def mul(x, y):
+        return x * y
+
+    @mul.defjvp
+    def mul_jvp(primals, tangents):
+        seen.append(tangents)
+        (x, y), (tx, ty) = primals, tangents
+        terms = [t * other for t, other in ((tx, y), (ty, x)) if t is not None]
+        return mul(x, y), sum(terms)
+
+    x, y = jnp.array(2.0), jnp.array(3.0)
+    assert jax.jvp(lambda x: mul(x, y), (x,), (jnp.array(1.0),))[1] == 3.0
+    assert jax.grad(lambda y: mul(x, y))(y) == 2.0
+    assert seen[0][1] is None and seen[0][0] is not None
+    assert seen[1][0] is None and seen[1][1] is not None
+    both = jax.jvp(mul, (x, y), (jnp.array(1.0), jnp.array(1.0)))[1]
+    assert both == 5.0 and None not in seen[2]
+
+
+def test_python_float_primals_stay_python_floats():
+    seen = []
+
+    @filter_custom_jvp
+    def mul(x, y):
+        return x * y
+
+    @mul.defjvp
+    def mul_jvp(primals, tangents):
+        seen.append(primals)
+        (x, y), (tx, _) = primals, tangents
+        return mul(x, y), tx * y
+
+    out, tangent = jax.jvp(lambda x: mul(x, 3.0), (2.0,), (1.0,))
+    assert (out, tangent) == (6.0, 3.0)
+    assert type(out) is float and type(tangent) is float
+    assert all(type(p) is float for p in seen[0])
+    out, tangent = filter_jvp(mul, (2.0, 3.0), (1.0, None))
+    assert type(out) is float and type(tangent) is float
 
 
 def test_none_tangent_means_zero():
@@ -159,8 +211,8 @@ def test_closed_over_tracers_through_closure_convert():
         fn, x = primals
         t_fn, tx = tangents
         (t_y,) = t_fn.consts
-        (y,) = fn.consts
-        return apply(fn, x), y * tx + t_y * x
+        assert tx is None  # `x` is a constant below: only `y` is differentiated
+        return apply(fn, x), t_y * x
 
     def outer(y):
         fn = filter_closure_convert(lambda x: x * y, jnp.array(0.0))

@@ -12,16 +12,6 @@ from pytree_module import Module, field
 from pytree_transforms import filter_jit
 
 
-def counting(fun):
-    traces = []
-
-    def counted(*args, **kwargs):
-        traces.append(1)
-        return fun(*args, **kwargs)
-
-    return counted, traces
-
-
 def test_seed_examples():
     @filter_jit
     def f(x, y):  # both args traced if arrays, static if non-arrays
@@ -76,7 +66,7 @@ def test_kwargs_spec_applies_by_position_and_by_keyword():
     assert seen == [True, True]
 
 
-def test_equal_static_inputs_never_retrace_and_changed_ones_always_do():
+def test_equal_static_inputs_never_retrace_and_changed_ones_always_do(counting):
     fun, traces = counting(lambda x, n, name: x * n)
     f = filter_jit(fun)
     f(jnp.ones(2), 2, "a")
@@ -93,7 +83,7 @@ def test_equal_static_inputs_never_retrace_and_changed_ones_always_do():
     assert len(traces) == 4
 
 
-def test_python_scalars_nested_anywhere_are_static():
+def test_python_scalars_nested_anywhere_are_static(counting):
     fun, traces = counting(lambda d, flag: (d["x"] * d["scale"], d["scale"], flag))
     f = filter_jit(fun)
     y, scale, flag = f({"x": jnp.ones(2), "scale": 2.0}, True)
@@ -118,7 +108,7 @@ def test_python_bool_flags_drive_python_control_flow():
     assert f(jnp.ones(1), training=True).tolist() == [0.5]
 
 
-def test_array_calls_stay_cached_after_calls_with_static_arguments():
+def test_array_calls_stay_cached_after_calls_with_static_arguments(counting):
     # Calls with only arrays and calls with static values interleave without retracing.
     fun, traces = counting(lambda x, name=None: x + 1)
     f = filter_jit(fun)
@@ -135,7 +125,7 @@ def test_array_calls_stay_cached_after_calls_with_static_arguments():
     assert len(traces) == 4
 
 
-def test_weakly_typed_arrays_are_traced():
+def test_weakly_typed_arrays_are_traced(counting):
     fun, traces = counting(lambda x: x * 2)
     f = filter_jit(fun)
     weak = jnp.asarray(1.0)
@@ -180,7 +170,7 @@ def test_modules_bound_methods_and_callable_pytrees():
     assert jnp.allclose(filter_jit(model.__call__)(jnp.ones(2)), expected)
 
 
-def test_function_arrays_are_traced_not_baked_in():
+def test_function_arrays_are_traced_not_baked_in(counting):
     fun, traces = counting(lambda m, x: m(x))
     f = filter_jit(fun)
     a, b = Linear(2, 3, jax.random.key(0)), Linear(2, 3, jax.random.key(1))
@@ -346,7 +336,7 @@ def test_errors_inside_the_function_propagate():
 
 
 @pytest.mark.parametrize("error", [TypeError, ValueError])
-def test_type_and_value_errors_inside_the_function_are_raised_once(error):
+def test_type_and_value_errors_inside_the_function_are_raised_once(error, counting):
     # JAX refuses bad inputs with these same exception types: the function's own errors
     # must still come out as they are, after a single trace, with the function's frame.
     def fails(x):
@@ -367,3 +357,99 @@ def test_frozen_module_field_defaults():
             return self.scale * x
 
     assert float(filter_jit(lambda c, x: c(x))(Conf(), jnp.array(1.0))) == 2.0
+
+
+def test_default_spec_applies_without_per_argument_specs():
+    def numbers(leaf):
+        return isinstance(leaf, int | jax.Array)
+
+    assert isinstance(filter_jit(lambda x: x, default=numbers)(1), jax.Array)  # traced
+    assert filter_jit(lambda x: x, default=False)(1) == 1
+
+
+@pytest.mark.parametrize("donate", ["all", "all-except-first"])
+def test_donating_one_array_passed_twice_donates_it_once(donate):
+    @filter_jit(donate=donate)
+    def f(first, a, b, pair):
+        return a + b + pair[0]["w"] + pair[1]["w"]
+
+    x = jnp.ones(3)
+    shared = {"w": x}
+    assert f(jnp.zeros(3), x, x, (shared, shared)).tolist() == [4.0] * 3  # both donate x
+    y, z = jnp.ones(3), jnp.ones(3)
+    assert f(jnp.zeros(3), y, z, ({"w": y}, {"w": z})).tolist() == [4.0] * 3
+
+
+def test_an_array_also_in_the_first_argument_is_not_donated_by_all_except_first():
+    @filter_jit(donate="all-except-first")
+    def f(keep, give):
+        return keep + give
+
+    x = jnp.ones(3)
+    f(x, x).block_until_ready()
+    assert not x.is_deleted()
+    assert f(x, jnp.ones(3)).tolist() == [2.0] * 3
+
+
+def test_compile_takes_compiler_options_and_stages_expose_jax_analyses():
+    f = filter_jit(lambda x, n: x * n)
+    lowered = f.lower(jnp.ones(2), 3)
+    compiled = lowered.compile(compiler_options={"xla_backend_optimization_level": 0})
+    assert compiled(jnp.full(2, 2.0), 3).tolist() == [6.0, 6.0]
+    assert "multiply" in str(lowered.compiler_ir())
+    assert lowered.cost_analysis() is not None
+    assert compiled.cost_analysis() is not None and compiled.memory_analysis() is not None
+    assert isinstance(lowered.lowered, jax.stages.Lowered)
+    assert isinstance(compiled.compiled, jax.stages.Compiled)
+
+
+def test_lowering_with_donation_and_aliases():
+    f = filter_jit(lambda a, b: a + b, donate="all")
+    x = jnp.ones(2)
+    compiled = f.lower(x, x).compile()  # one buffer, passed once
+    y = jnp.ones(2)
+    assert compiled(y, y).tolist() == [2.0, 2.0]
+    with pytest.raises(ValueError, match="Lower it again"):
+        compiled(jnp.ones(2), jnp.ones(2))  # two buffers: another program
+    assert f.lower(x, y).compile()(jnp.ones(2), jnp.ones(2)).tolist() == [2.0, 2.0]
+
+
+def branch_on_weight(params, name):
+    if params["layers"][1]["w"] > 0:
+        return name
+    return params
+
+
+@pytest.mark.parametrize("name", ["static", None])  # the filtered path, the direct path
+def test_jax_errors_name_the_users_function_and_argument_paths(name):
+    params = {"layers": [jnp.ones(()), {"w": jnp.ones(())}]}
+    with pytest.raises(jax.errors.TracerBoolConversionError) as info:
+        filter_jit(branch_on_weight)(params, name)
+    message = str(info.value)
+    assert "function branch_on_weight at" in message
+    assert "argument params['layers'][1]['w']" in message
+
+
+class Dense(Module):
+    def __init__(self):
+        self.weight = jnp.ones(2)
+
+    def __call__(self, x, scale):
+        return float(self.weight[0] * x * scale)
+
+
+@pytest.mark.parametrize("scale", [2, jnp.ones(())])  # the filtered path, the direct path
+def test_jax_errors_name_module_fields_and_call_arguments(scale):
+    with pytest.raises(jax.errors.ConcretizationTypeError) as info:
+        filter_jit(Dense())(jnp.ones(()), scale)
+    message = str(info.value)
+    assert "function __call__ at" in message and "test_jit.py" in message
+    assert "self.weight" in message
+    assert "_traced" not in message and "dynamic" not in message
+
+
+def test_lowered_program_is_named_after_the_function():
+    def scale_by(x, n):
+        return x * n
+
+    assert "jit_scale_by" in filter_jit(scale_by).lower(jnp.ones(2), 3).as_text()

@@ -77,6 +77,37 @@ def test_non_array_outputs_pass_through():
     assert filter_vmap(lambda x: (x, "tag"))(jnp.arange(2))[1] == "tag"
 
 
+def test_outputs_given_an_axis_are_broadcast_along_it():
+    out = filter_vmap(lambda: 1.5, out_axes=0, axis_size=3)()
+    assert out.tolist() == [1.5, 1.5, 1.5]
+    out = filter_vmap(lambda x: (x, 2.0, jnp.array(4.0)), out_axes=0)(jnp.arange(3.0))
+    assert out[1].tolist() == [2.0] * 3 and out[2].tolist() == [4.0] * 3
+    out = filter_vmap(lambda x: jnp.ones(2), out_axes=1)(jnp.arange(3.0))
+    assert out.shape == (2, 3)
+    # By default only arrays get an axis: other outputs are returned as they are.
+    assert filter_vmap(lambda x: (x, 2.0))(jnp.arange(3.0))[1] == 2.0
+
+
+def test_an_output_with_axis_none_must_not_depend_on_the_mapped_inputs():
+    const = filter_vmap(lambda x: (x, jnp.ones(2)), out_axes=(0, None))(jnp.arange(3.0))
+    assert const[1].shape == (2,)
+    with pytest.raises(ValueError, match="axis spec None but output was batched"):
+        filter_vmap(lambda x: x, out_axes=None)(jnp.arange(3.0))
+
+
+def test_mapping_an_array_without_that_axis_names_it():
+    with pytest.raises(
+        ValueError, match=r"args\[1\]\.a is an array of shape \(\), which has no axis 0"
+    ):
+        filter_vmap(lambda x, y: x)(jnp.arange(3.0), {"a": jnp.array(1.0)})
+    with pytest.raises(
+        ValueError, match=r"args\[0\] is an array of shape \(3,\), which has no axis 1"
+    ):
+        filter_vmap(lambda x: x, in_axes=1)(jnp.arange(3.0))
+    with pytest.raises(ValueError, match=r"output leaf at \[1\], a str, which is not an array"):
+        filter_vmap(lambda x: (x, "tag"), out_axes=0)(jnp.arange(3.0))
+
+
 def test_errors():
     with pytest.raises(ValueError, match="batch size is unknown"):
         filter_vmap(lambda x: x)(3)

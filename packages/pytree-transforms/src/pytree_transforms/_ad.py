@@ -5,24 +5,64 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
-from pytree_filter import combine, is_array, is_inexact_array, is_inexact_array_like, partition
+from pytree_filter import (
+    combine,
+    flatten_with_mask,
+    is_array,
+    is_inexact_array,
+    is_inexact_array_like,
+    partition,
+)
 
-from ._outputs import split_output
+from ._method import BindsAsMethod
+from ._outputs import StaticOutput, split_output
+from ._sharing import find_sharing, has_repeats, selected_once
+from ._static_key import static_key
 
 
 def _split_first(fun: Callable[..., Any], arg: Any):
-    """Wrap `fun(x, *args, **kwargs)` as a function of the selected leaves of `x`."""
+    """Wrap `fun(x, *args, **kwargs)` as a function of the selected leaves of `x`.
+
+    `call(x, args, kwargs)` returns `(diff, of_diff, as_grads)`: what to differentiate,
+    `fun` as a function of it, and what turns its gradient into a tree shaped like `x`
+    (`None` where nothing was differentiated). An object reached by several paths of `x`
+    (a tied weight) is differentiated once: its gradient sums every use, and the
+    gradient tree holds one object at each of its places.
+    """
 
     def call(x: Any, args: tuple, kwargs: dict):
-        diff, nondiff = partition(x, arg)
+        leaves, mask, treedef = flatten_with_mask(x, arg)
+        sharing = find_sharing(x, treedef) if has_repeats(leaves) else None
+        if sharing is None:
+            diff, nondiff = partition(x, arg)
 
-        def of_diff(diff: Any) -> Any:
-            return fun(combine(diff, nondiff), *args, **kwargs)
+            def of_diff(diff: Any) -> Any:
+                return fun(combine(diff, nondiff), *args, **kwargs)
 
-        return diff, of_diff
+            return diff, of_diff, _identity
+
+        mask = selected_once(sharing, x, mask, "differentiated")
+        unique = sharing.dedupe(leaves)
+        diff_leaves = [leaf for leaf, m in zip(unique, mask, strict=True) if m]
+
+        def of_shared_diff(diff: list[Any]) -> Any:
+            it = iter(diff)
+            rebuilt = [next(it) if m else leaf for leaf, m in zip(unique, mask, strict=True)]
+            return fun(sharing.unflatten(rebuilt), *args, **kwargs)
+
+        def as_grads(grads: list[Any]) -> Any:
+            it = iter(grads)
+            return sharing.unflatten([next(it) if m else None for m in mask])
+
+        return diff_leaves, of_shared_diff, as_grads
 
     return call
+
+
+def _identity(x: Any) -> Any:
+    return x
 
 
 def _aux_splitter(fun: Callable[..., Any], has_aux: bool):
@@ -81,19 +121,7 @@ def filter_value_and_grad(
         return lambda f: filter_value_and_grad(f, arg=arg, has_aux=has_aux, **gradkwargs)
     _check_callable(fun, "filter_value_and_grad")
     _refuse_argnums(gradkwargs, "filter_value_and_grad")
-    inner, rebuild_aux = _aux_splitter(fun, has_aux)
-    split = _split_first(inner, arg)
-
-    @functools.wraps(fun)
-    def value_and_grad(x: Any, /, *args: Any, **kwargs: Any) -> Any:
-        diff, of_diff = split(x, args, kwargs)
-        value, grads = jax.value_and_grad(of_diff, has_aux=has_aux, **gradkwargs)(diff)
-        if has_aux:
-            value, aux = value
-            return (value, rebuild_aux(aux)), grads
-        return value, grads
-
-    return value_and_grad
+    return _Differentiated("filter_value_and_grad", fun, arg, has_aux, gradkwargs)
 
 
 def filter_grad(
@@ -128,16 +156,56 @@ def filter_grad(
     if fun is None:
         return lambda f: filter_grad(f, arg=arg, has_aux=has_aux, **gradkwargs)
     _check_callable(fun, "filter_grad")
-    value_and_grad = filter_value_and_grad(fun, arg=arg, has_aux=has_aux, **gradkwargs)
+    _refuse_argnums(gradkwargs, "filter_grad")
+    return _Differentiated("filter_grad", fun, arg, has_aux, gradkwargs)
 
-    @functools.wraps(fun)
-    def grad(x: Any, /, *args: Any, **kwargs: Any) -> Any:
-        value, grads = value_and_grad(x, *args, **kwargs)
-        if has_aux:
-            return grads, value[1]
-        return grads
 
-    return grad
+class _Differentiated(BindsAsMethod):
+    """The function `filter_grad` or `filter_value_and_grad` returns.
+
+    Two made around the same function with the same options compare (and hash) equal, so
+    `filter_jit(filter_grad(f))` built again, in a loop say, finds the compilations of the
+    first instead of tracing again.
+    """
+
+    def __init__(
+        self,
+        transform: str,
+        fun: Callable[..., Any],
+        arg: Any,
+        has_aux: bool,
+        gradkwargs: dict[str, Any],
+    ):
+        self._transform = transform
+        self._fun = fun
+        self._arg = arg
+        self._has_aux = has_aux
+        self._gradkwargs = gradkwargs
+        inner, self._rebuild_aux = _aux_splitter(fun, has_aux)
+        self._split = _split_first(inner, arg)
+        functools.update_wrapper(self, fun, updated=())
+
+    def __call__(self, x: Any, /, *args: Any, **kwargs: Any) -> Any:
+        diff, of_diff, as_grads = self._split(x, args, kwargs)
+        differentiate = jax.value_and_grad(of_diff, has_aux=self._has_aux, **self._gradkwargs)
+        value, grads = differentiate(diff)
+        grads = as_grads(grads)
+        if self._transform == "filter_grad":
+            return (grads, self._rebuild_aux(value[1])) if self._has_aux else grads
+        if self._has_aux:
+            value, aux = value
+            return (value, self._rebuild_aux(aux)), grads
+        return value, grads
+
+    def _key(self) -> tuple[Any, ...]:
+        options = static_key((self._arg, self._has_aux, self._gradkwargs))
+        return self._transform, self._fun, options
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Differentiated and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
 
 def _refuse_argnums(kwargs: dict[str, Any], transform: str) -> None:
@@ -155,50 +223,113 @@ def _check_callable(fun: Any, transform: str) -> None:
 
 
 def filter_jvp(
-    fn: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Any]
+    fn: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Any], **kwargs: Any
 ) -> tuple[Any, Any]:
     """`jax.jvp` for functions of any pytrees.
 
     Arguments:
-        fn: the function, called as `fn(*primals)`; it may take and return anything.
+        fn: the function, called as `fn(*primals, **kwargs)`; it may take and return
+            anything.
         primals: the arguments, a sequence (one entry per positional parameter).
         tangents: the same structure as `primals`, with a tangent for each floating-point
-            array or Python float and `None` everywhere else.
+            array or Python float to perturb and `None` everywhere else. `None` is a zero
+            tangent; it may stand for a whole argument.
+        **kwargs: keyword arguments for `fn`, not differentiated.
 
     Returns:
-        `(primals_out, tangents_out)`; `tangents_out` has `None` for every output leaf that
-        is not a floating-point array.
+        `(primals_out, tangents_out)`; `tangents_out` has the structure of `primals_out`,
+        with `None` for every output leaf whose tangent is zero by construction: leaves
+        that are not floating-point arrays, and those that do not depend on any perturbed
+        input.
 
     Examples:
         >>> import jax.numpy as jnp
         >>> from pytree_transforms import filter_jvp
-        >>> out, tangent = filter_jvp(lambda x, n: x**n, (jnp.array(3.0), 2), (1.0, None))
-        >>> out, tangent
-        (Array(9., dtype=float32, weak_type=True), Array(6., dtype=float32, weak_type=True))
+        >>> def f(x, y, n):
+        ...     return x**n, y * 2, "done"
+        >>> primals = (jnp.array(3.0), jnp.array(1.0), 2)
+        >>> out, tangents = filter_jvp(f, primals, (1.0, None, None))
+        >>> tangents
+        (Array(6., dtype=float32, weak_type=True), None, None)
     """
     if not isinstance(primals, tuple | list) or not isinstance(tangents, tuple | list):
         raise TypeError("filter_jvp expects `primals` and `tangents` as tuples (or lists).")
     primals = tuple(primals)
-    diff, nondiff = partition(primals, is_inexact_array_like)
-    try:
-        diff_tangents = jax.tree.structure(diff).flatten_up_to(tuple(tangents))
-    except (ValueError, TypeError):
-        raise ValueError(
-            "filter_jvp: `tangents` must have the structure of `primals`, with an array for "
-            "every floating-point array (or Python float) and None everywhere else."
-        ) from None
-    diff_tangents = jax.tree.structure(diff).unflatten(diff_tangents)
-    holder: list[Any] = []
+    leaves, treedef = jax.tree.flatten(primals)
+    perturbed = _perturbed_leaves(primals, tuple(tangents))
+    if not perturbed:
+        out = fn(*primals, **kwargs)
+        return out, jax.tree.map(lambda _: None, out)
+    holder: list[StaticOutput] = []
 
-    def of_diff(diff: Any) -> Any:
-        out = fn(*combine(diff, nondiff))
-        dynamic, static = split_output(out, is_inexact_array, "filter_jvp")
-        holder[:] = [static]
-        return dynamic
+    def of_perturbed(values: list[Any]) -> list[Any]:
+        # The inputs are tracers of this JVP; outputs carried by other values (constants,
+        # unperturbed inputs, tracers of an enclosing transform) have a symbolic zero
+        # tangent, returned as None.
+        trace = values[0]._trace
+        full = list(leaves)
+        for i, value in zip(perturbed, values, strict=True):
+            full[i] = value
+        out = fn(*treedef.unflatten(full), **kwargs)
+        out_leaves, out_def = jax.tree.flatten(out)
+        mask = [isinstance(x, jax.core.Tracer) and x._trace is trace for x in out_leaves]
+        static = tuple(x for x, m in zip(out_leaves, mask, strict=True) if not m)
+        holder[:] = [StaticOutput(out_def, mask, static)]
+        return [x for x, m in zip(out_leaves, mask, strict=True) if m]
 
-    out, tangent_out = jax.jvp(of_diff, (diff,), (diff_tangents,))
+    out, tangent_out = jax.jvp(
+        of_perturbed, ([leaves[i] for i in perturbed],), (list(perturbed.values()),)
+    )
     static = holder[0]
     return static.rebuild(out), static.rebuild(tangent_out, static_as_none=True)
+
+
+def _is_none(x: Any) -> bool:
+    return x is None
+
+
+def _perturbed_leaves(primals: tuple, tangents: tuple) -> dict[int, Any]:
+    """The given tangents of `primals`' leaves, by flat index, checked against them;
+    `None` in `tangents` means a zero tangent for every leaf below it."""
+    tangent_leaves, tangent_def = jax.tree.flatten(tangents, is_leaf=_is_none)
+    try:
+        subtrees = tangent_def.flatten_up_to(primals)
+    except (ValueError, TypeError):
+        raise ValueError(
+            "filter_jvp: `tangents` must have the structure of `primals`, with a tangent for "
+            "each floating-point array (or Python float) to perturb and None everywhere "
+            f"else; got {tangent_def} for primals of structure {jax.tree.structure(primals)}."
+        ) from None
+    perturbed: dict[int, Any] = {}
+    index = 0
+    for n, (tangent, subtree) in enumerate(zip(tangent_leaves, subtrees, strict=True)):
+        below = jax.tree.leaves(subtree)
+        if tangent is not None:
+            if not (len(below) == 1 and below[0] is subtree and is_inexact_array_like(subtree)):
+                raise ValueError(
+                    f"filter_jvp: {_tangent_path(tangents, n)} is a tangent, but the primal "
+                    f"there is {_describe(subtree)}, which cannot be perturbed: only "
+                    "floating-point arrays and Python floats can. Pass None there."
+                )
+            if np.shape(tangent) != np.shape(subtree):
+                raise ValueError(
+                    f"filter_jvp: {_tangent_path(tangents, n)} has shape {np.shape(tangent)}, "
+                    f"but its primal has shape {np.shape(subtree)}."
+                )
+            perturbed[index] = tangent
+        index += len(below)
+    return perturbed
+
+
+def _tangent_path(tangents: tuple, n: int) -> str:
+    path = jax.tree_util.tree_flatten_with_path(tangents, is_leaf=_is_none)[0][n][0]
+    return f"tangents{jax.tree_util.keystr(path)}"
+
+
+def _describe(value: Any) -> str:
+    if is_array(value):
+        return f"an array of dtype {value.dtype}"
+    return f"a {type(value).__name__}"
 
 
 def filter_vjp(fun: Callable[..., Any], *primals: Any, has_aux: bool = False) -> tuple:

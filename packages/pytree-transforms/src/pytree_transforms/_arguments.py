@@ -1,8 +1,11 @@
-"""Per-argument specs (`default`, `fn`, `args`, `kwargs`) resolved against a signature."""
+"""Per-argument specs (`default`, `fn`, `args`, `kwargs`) resolved against a signature, and
+the names of a call's leaves as the user's code spells them."""
 
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import jax
 
 
 class ArgumentSpecs:
@@ -78,3 +81,66 @@ def _parameters(fun: Callable[..., Any]) -> tuple[tuple[str, ...], Callable[[str
     keyword_only = {p.name for p in signature.parameters.values() if p.kind is p.KEYWORD_ONLY}
     var_keyword = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
     return positional, lambda name: var_keyword or name in keyword_only
+
+
+def leaf_names(fun: Callable[..., Any], tree: tuple[Any, tuple, dict]) -> list[tuple[str, Any]]:
+    """Each leaf of a call's `(fun, args, kwargs)` with its name as the user's code spells
+    it, in flat order: `params['layers'][1]`, `x`, `self.weight` for a leaf of `fun`.
+
+    Arguments are named after `fun`'s parameters, as `jax.jit` names them; arguments
+    without a parameter name get `args[i]` / `kwargs['k']`.
+    """
+    try:
+        parameters = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    positional = [
+        p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    var_positional = next((p.name for p in parameters if p.kind is p.VAR_POSITIONAL), "args")
+    var_keyword = next((p.name for p in parameters if p.kind is p.VAR_KEYWORD), "kwargs")
+    by_keyword = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    fun_value, args, kwargs = tree
+    named: list[tuple[str, Any]] = [("self", fun_value)]
+    for i, arg in enumerate(args):
+        extra = i - len(positional)
+        named.append((positional[i] if extra < 0 else f"{var_positional}[{extra}]", arg))
+    for key in sorted(kwargs):
+        named.append((key if key in by_keyword else f"{var_keyword}[{key!r}]", kwargs[key]))
+    return [
+        (name + jax.tree_util.keystr(path), leaf)
+        for name, value in named
+        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]
+    ]
+
+
+class TracedLeafNames(inspect.Signature):
+    """The signature `jax.jit` reads argument names from, for a function that takes its
+    traced leaves as flat tuples after one static argument: it names each leaf by its path
+    in the user's call, so JAX's errors say `params['w']`, not `dynamic[3]`.
+
+    `names()` gives the names of the traced leaves in order; JAX falls back to its own
+    names where `bind` fails.
+    """
+
+    __slots__ = ("_names",)
+
+    def __init__(self, names: Callable[[], list[str]]):
+        super().__init__(
+            [
+                inspect.Parameter("static", inspect.Parameter.POSITIONAL_ONLY),
+                inspect.Parameter("dynamic", inspect.Parameter.VAR_POSITIONAL),
+            ]
+        )
+        self._names = names
+
+    def bind(self, *args: Any, **kwargs: Any) -> inspect.BoundArguments:
+        """Bind the static argument and the traced leaves, each under its own name."""
+        leaves = [leaf for group in args[1:] for leaf in group]
+        try:
+            names = self._names()
+        except Exception as error:  # a structure that cannot be rebuilt with placeholders
+            raise TypeError("no names for these leaves") from error
+        if kwargs or not args or len(names) != len(leaves):
+            raise TypeError("not a call with this signature's leaves")
+        return inspect.BoundArguments(self, dict(zip(names, leaves, strict=True)))

@@ -1,13 +1,21 @@
 """Axis specs of `filter_vmap` and `filter_pmap`: which leaves map over which axis."""
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.tree_util import PyTreeDef
 
-from pytree_filter import is_array
+from pytree_filter import is_array, is_array_like
+
+from ._errors import describe_leaf
 
 
+# One function per axis, so that equal specs are equal options for the compilation caches.
+@functools.cache
 def if_array(axis: int) -> Callable[[Any], int | None]:
     """An axis spec: `axis` for array leaves, `None` (not mapped) for every other leaf.
 
@@ -41,9 +49,15 @@ def _is_axis_spec(x: Any) -> bool:
 
 
 def axes_of(
-    spec_tree: Any, tree: Any, what: str, transform: str = "filter_vmap"
+    spec_tree: Any, tree: Any, what: str, transform: str = "filter_vmap", output: bool = False
 ) -> tuple[list[Any], list[Any], Any]:
-    """Flatten `tree` and resolve, leaf by leaf, the axis its prefix spec gives it."""
+    """Flatten `tree` and resolve, leaf by leaf, the axis its prefix spec gives it.
+
+    For the inputs (`tree` is `(fn, args, kwargs)`) an axis must be one the array has; for
+    an `output` it is where the mapped axis goes, so any array or Python number may take
+    one (a value that does not depend on the mapped inputs is broadcast).
+    """
+    mappable = is_array_like if output else is_array
     spec_leaves, spec_def = jax.tree.flatten(spec_tree, is_leaf=_is_axis_spec)
     try:
         subtrees = spec_def.flatten_up_to(tree)
@@ -56,6 +70,7 @@ def axes_of(
     axes: list[Any] = []
     for spec, subtree in zip(spec_leaves, subtrees, strict=True):
         for leaf in jax.tree.leaves(subtree):
+            index = len(axes)
             axis = spec(leaf) if callable(spec) else spec
             if isinstance(axis, bool):
                 axis = None  # booleans mean "not mapped", as with filter_pmap specs
@@ -64,13 +79,81 @@ def axes_of(
                     f"{transform}: an axis spec gave {axis!r} for a leaf of {what}; axes "
                     "must be ints or None."
                 )
-            if axis is not None and not is_array(leaf):
+            if axis is not None and not mappable(leaf):
                 raise ValueError(
-                    f"{transform}: axis {axis} was given for a {type(leaf).__name__} in "
-                    f"{what}, which is not an array and cannot be mapped over. Give it None."
+                    f"{transform}: axis {axis} was given for {_where(tree, index, output)}, "
+                    f"a {type(leaf).__name__}, which is not an array and cannot be mapped "
+                    "over. Give it None."
+                )
+            if axis is not None and not output and not -np.ndim(leaf) <= axis < np.ndim(leaf):
+                where = _where(tree, index, output)
+                raise ValueError(
+                    f"{transform}: {where} is an array of shape {np.shape(leaf)}, which has "
+                    f"no axis {axis} to map over. Give it the axis None (the same value for "
+                    "every element) or an axis it has, or add the mapped axis to it."
                 )
             axes.append(axis)
     return leaves, axes, treedef
+
+
+class MappedOutput:
+    """Where each leaf of a mapped function's output goes, and its leaves that JAX does not
+    carry. A pytree node with no children, so it can leave a transform in the output
+    treedef, like `StaticOutput`."""
+
+    __slots__ = ("arrays", "axes", "static", "treedef")
+
+    def __init__(self, treedef: PyTreeDef, axes: list[Any], arrays: list[bool], static: list[Any]):
+        self.treedef = treedef
+        self.axes = axes
+        self.arrays = arrays
+        self.static = static
+
+    def rebuild(self, with_axis: list[Any], unmapped: list[Any]) -> Any:
+        """The output, from the leaves mapped down axis 0 and the unmapped arrays."""
+        with_axis_it, unmapped_it, static_it = iter(with_axis), iter(unmapped), iter(self.static)
+        return self.treedef.unflatten(
+            [
+                _move_mapped_axis(next(with_axis_it), axis)
+                if axis is not None
+                else next(unmapped_it if array else static_it)
+                for axis, array in zip(self.axes, self.arrays, strict=True)
+            ]
+        )
+
+
+jax.tree_util.register_pytree_node(MappedOutput, lambda m: ((), m), lambda m, _: m)
+
+
+def _move_mapped_axis(x: Any, axis: int) -> Any:
+    return x if axis == 0 else jnp.moveaxis(x, 0, axis)
+
+
+def split_mapped_output(
+    out_spec: Any, out: Any, transform: str
+) -> tuple[list[Any], list[Any], MappedOutput]:
+    """Split a mapped function's output: the leaves with an axis, which leave JAX mapped
+    down axis 0 (so JAX broadcasts those that do not depend on the mapped inputs, Python
+    numbers included); the arrays without one, which leave unmapped (so JAX refuses them
+    if they do depend on the mapped inputs); and a `MappedOutput` with the rest."""
+    leaves, axes, treedef = axes_of(out_spec, out, "the output", transform, output=True)
+    with_axis, unmapped, static = [], [], []
+    for leaf, axis in zip(leaves, axes, strict=True):
+        if axis is not None:
+            with_axis.append(leaf)
+        elif is_array(leaf):
+            unmapped.append(leaf)
+        else:
+            static.append(leaf)
+    return with_axis, unmapped, MappedOutput(treedef, axes, [is_array(x) for x in leaves], static)
+
+
+def _where(tree: Any, index: int, output: bool) -> str:
+    """Name the leaf at flat `index` of the inputs `(fn, args, kwargs)` or of the output."""
+    if not output:
+        return describe_leaf(tree, index, ("fn", "args", "kwargs"))
+    path = jax.tree_util.tree_flatten_with_path(tree)[0][index][0]
+    return f"the output leaf at {jax.tree_util.keystr(path) or 'the top level'}"
 
 
 def merge_axis_options(

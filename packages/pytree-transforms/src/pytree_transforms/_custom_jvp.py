@@ -7,6 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 
 from pytree_filter import is_array, is_inexact_array, is_inexact_array_like
 
@@ -32,8 +33,9 @@ class CustomJVP(BindsAsMethod):
         Arguments:
             jvp_fn: called as `jvp_fn(primals, tangents, **kwargs)`, where `primals` is the
                 tuple of positional arguments, `tangents` has the same structure with a
-                tangent for every floating-point array and `None` for every other leaf, and
-                `kwargs` are the call's keyword arguments. It returns
+                tangent for every floating-point array being differentiated and `None` for
+                every other leaf (a zero tangent), and `kwargs` are the call's keyword
+                arguments. It returns
                 `(primal_out, tangent_out)`; `tangent_out` has the structure of
                 `primal_out`, and may hold `None` for a zero tangent.
 
@@ -68,12 +70,13 @@ class CustomJVP(BindsAsMethod):
             call_args, call_kwargs = inputs.rebuild(*primals)
             tangent_leaves: list[Any] = [None] * args_def.num_leaves
             for i, t in zip(inputs.diff_index, tangents[0], strict=True):
-                tangent_leaves[i] = t
+                # An input that is not being differentiated has a symbolic zero tangent.
+                tangent_leaves[i] = None if type(t) is SymbolicZero else t
             result = self._jvp(call_args, args_def.unflatten(tangent_leaves), **call_kwargs)
             return _complete_tangents(result, self._jvp)
 
         custom = jax.custom_jvp(primal)
-        custom.defjvp(rule)
+        custom.defjvp(rule, symbolic_zeros=True)
         return custom(*inputs.arrays())
 
 
@@ -102,16 +105,10 @@ class RuleInputs:
         """The full inputs, with JAX's values in place of the arrays."""
         full = list(self.leaves)
         for i, x in zip(self.diff_index, diff, strict=True):
-            full[i] = _as_array(x)
+            full[i] = x
         for i, x in zip(self.other_index, other, strict=True):
-            full[i] = _as_array(x)
+            full[i] = x
         return self.treedef.unflatten(full)
-
-
-def _as_array(x: Any) -> Any:
-    # JAX may hand a rule concrete values as typed Python scalars; the function sees arrays,
-    # as its caller passed them.
-    return x if is_array(x) else jnp.asarray(x)
 
 
 def _check_output(out: Any, fn: Callable[..., Any]) -> None:
@@ -165,7 +162,10 @@ def filter_custom_jvp(fn: Callable[..., Any]) -> CustomJVP:
 
     The positional arguments are split automatically: their floating-point arrays are
     differentiable, every other leaf (integer arrays, Python numbers, functions, strings, any
-    object) is not and gets the tangent `None`. Keyword arguments are never differentiated:
+    object) is not and gets the tangent `None`. A floating-point array that is not being
+    differentiated (it does not depend on what `jax.jvp` or `jax.grad` perturbs) gets
+    `None` too: its tangent is zero, so the rule need not compute with it. The rule sees the
+    values JAX gives it, Python floats included. Keyword arguments are never differentiated:
     they are passed to the rule unchanged, as keyword arguments, and the rule declares no
     derivative with respect to them. The output must hold only JAX arrays (or Python
     numbers).

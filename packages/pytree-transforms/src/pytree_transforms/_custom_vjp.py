@@ -64,11 +64,11 @@ class CustomVJP(BindsAsMethod):
             return dynamic
 
         def primal(diff: list[Any], other: list[Any]) -> list[Any]:
-            call_vjp_arg, call_args, call_kwargs = inputs.rebuild(diff, other)
+            call_vjp_arg, call_args, call_kwargs = _rebuild(inputs, diff, other)
             return split(fn(call_vjp_arg, *call_args, **call_kwargs))
 
         def forward(diff: list[Any], other: list[Any]) -> tuple[list[Any], tuple]:
-            call_vjp_arg, call_args, call_kwargs = inputs.rebuild(diff, other)
+            call_vjp_arg, call_args, call_kwargs = _rebuild(inputs, diff, other)
             result = fwd(call_vjp_arg, *call_args, **call_kwargs)
             if not (isinstance(result, tuple | list) and len(result) == 2):
                 raise TypeError(
@@ -82,7 +82,7 @@ class CustomVJP(BindsAsMethod):
 
         def backward(saved: tuple, cotangents: list[Any]) -> tuple[list[Any], list[None]]:
             residuals, diff, other = saved
-            call_vjp_arg, call_args, call_kwargs = inputs.rebuild(diff, other)
+            call_vjp_arg, call_args, call_kwargs = _rebuild(inputs, diff, other)
             static_out = out_holder[0]
             cotangents = [c if is_inexact_array_like(c) else None for c in cotangents]
             grad_obj = static_out.rebuild(cotangents, static_as_none=True)
@@ -100,6 +100,17 @@ class CustomVJP(BindsAsMethod):
         custom.defvjp(forward, backward)
         out = custom(*inputs.arrays())
         return out_holder[0].rebuild(out)
+
+
+def _rebuild(inputs: RuleInputs, diff: list[Any], other: list[Any]) -> Any:
+    """The full inputs, with arrays for JAX's values."""
+    return inputs.rebuild([_as_array(x) for x in diff], [_as_array(x) for x in other])
+
+
+def _as_array(x: Any) -> Any:
+    # JAX may hand the rules concrete values as typed Python scalars; the functions see
+    # arrays, as their caller passed them.
+    return x if is_array(x) else jnp.asarray(x)
 
 
 def _name(rule: Callable[..., Any]) -> str:

@@ -1,5 +1,8 @@
 """Error helpers shared by the filtered transforms."""
 
+import functools
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -31,3 +34,41 @@ def check_pytree_objects(values: tuple[Any, ...], transform: str) -> None:
                 f"transforms of pytree_graph (e.g. pytree_graph.jit), or declare {kind} "
                 "without `pytree=False`."
             )
+
+
+def source_function(fun: Callable[..., Any]) -> Callable[..., Any] | None:
+    """The Python function whose code calling `fun` runs: `fun` itself, the function it
+    wraps, a method's function, or a callable object's `__call__` (None if there is none)."""
+    try:
+        fun = inspect.unwrap(fun)
+    except ValueError:  # a cycle of `__wrapped__`
+        return None
+    while isinstance(fun, functools.partial):
+        fun = fun.func
+    call = type(fun).__dict__.get("__call__") or getattr(type(fun), "__call__", None)  # noqa: B004
+    for candidate in (fun, getattr(fun, "__func__", None), call):
+        if hasattr(candidate, "__code__"):
+            return candidate
+    return None
+
+
+def present_as(
+    traced: Callable[..., Any],
+    fun: Callable[..., Any],
+    signature: inspect.Signature | None,
+) -> None:
+    """Make `traced`, the function a transform hands to JAX, look like the user's `fun`.
+
+    JAX's errors ("while tracing the function f at model.py:12 ... depends on the value of
+    the argument params['w']") and the lowered program's name come from the traced
+    function's `__name__`, the function it wraps (for the source line) and its signature
+    (for argument names), so these are set to the user's.
+    """
+    source = source_function(fun)
+    named = fun if hasattr(fun, "__name__") else source
+    traced.__name__ = getattr(named, "__name__", type(fun).__name__)
+    traced.__qualname__ = getattr(named, "__qualname__", type(fun).__qualname__)
+    if source is not None:
+        traced.__wrapped__ = source  # type: ignore[attr-defined]
+    if signature is not None:
+        traced.__signature__ = signature  # type: ignore[attr-defined]

@@ -1,13 +1,17 @@
 """`filter_jit`: `jax.jit` for functions of any pytrees, as fast as `jax.jit` itself."""
 
+import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from pytree_filter import is_array
 
 from ._arguments import ArgumentSpecs
-from ._jit_direct import _DirectJitWrapper
+from ._jit_default import DefaultJitWrapper
 from ._jit_wrapper import JitWrapper
+from ._static_key import static_key
 
 _DONATE = ("none", "all", "all-except-first", "warn")
 # `jax.jit` options that depend on how the arguments are passed in.
@@ -78,7 +82,55 @@ def filter_jit(
                 "choose what is traced with `args=`/`kwargs=`/`default=`, and donation with "
                 "`donate=`."
             )
-    specs = ArgumentSpecs("filter_jit", fun, default, default if fn is None else fn, args, kwargs)
-    if specs.trivial and donate == "none" and out is is_array and not _SHARDINGS & set(jitkwargs):
-        return _DirectJitWrapper(fun, specs, out, donate, jitkwargs)
-    return JitWrapper(fun, specs, out, donate, jitkwargs)
+
+    def build() -> JitWrapper:
+        fn_spec = default if fn is None else fn
+        specs = ArgumentSpecs("filter_jit", fun, default, fn_spec, args, kwargs)
+        plain = specs.trivial and default is is_array and out is is_array and donate == "none"
+        if plain and not _SHARDINGS & set(jitkwargs):
+            return DefaultJitWrapper(fun, specs, out, donate, jitkwargs)
+        return JitWrapper(fun, specs, out, donate, jitkwargs)
+
+    return _WRAPPERS.get((fun, options, jitkwargs), build)
+
+
+class _WrapperCache:
+    """The `filter_jit` wrappers made so far, by function and options, so that wrapping the
+    same function again (in a loop, or `filter_jit(filter_grad(f))` built twice) reuses the
+    wrapper and its compilations instead of tracing again.
+
+    A wrapper stays findable while anything uses it, and the `_RECENT` last looked up stay
+    alive besides, so a wrapper made and dropped on every step of a loop is found again; older
+    ones are released with their functions. Functions or options that cannot be hashed get a
+    wrapper of their own every time.
+    """
+
+    _RECENT = 32
+
+    def __init__(self) -> None:
+        self._live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._recent: OrderedDict[Any, JitWrapper] = OrderedDict()
+        # Wrappers may be made from several threads; the recent list's moves must not
+        # interleave (a key popped by one thread between another's store and move).
+        self._lock = threading.Lock()
+
+    def get(self, options: Any, build: Callable[[], JitWrapper]) -> JitWrapper:
+        """The wrapper for `options` (the function, its options and jit options), or a new
+        one from `build()`."""
+        try:
+            key = static_key(options)
+            wrapper = self._live.get(key)
+        except (TypeError, ValueError):  # unhashable, or an `==` that does not give a bool
+            return build()
+        if wrapper is None:
+            wrapper = build()
+        with self._lock:
+            wrapper = self._live.setdefault(key, wrapper)
+            self._recent[key] = wrapper
+            self._recent.move_to_end(key)
+            if len(self._recent) > self._RECENT:
+                self._recent.popitem(last=False)
+        return wrapper
+
+
+_WRAPPERS = _WrapperCache()

@@ -7,21 +7,32 @@ from jax.tree_util import PyTreeDef
 
 from pytree_filter import flatten_with_mask
 
+from ._sharing import Sharing, find_sharing, has_repeats, selected_once
+
 
 class StaticOutput:
     """The non-traced part of a transformed function's output.
 
     It is a pytree node with no children whose treedef entry is itself, so it travels out of
     `jax.jit` (or any transform) inside the output's treedef and comes back as the very
-    object that was created while tracing.
+    object that was created while tracing. Where the output holds a shared object (one
+    object at several places), `sharing` says so: `mask` and `static` then cover the unique
+    leaves only, and rebuilding makes one object for every place it appeared.
     """
 
-    __slots__ = ("mask", "single", "static", "treedef")
+    __slots__ = ("mask", "sharing", "single", "static", "treedef")
 
-    def __init__(self, treedef: PyTreeDef, mask: list[Any], static: tuple[Any, ...]):
+    def __init__(
+        self,
+        treedef: PyTreeDef,
+        mask: list[Any],
+        static: tuple[Any, ...],
+        sharing: Sharing | None = None,
+    ):
         self.treedef = treedef
         self.mask = mask
         self.static = static
+        self.sharing = sharing
         # The common case, one array out, is returned without any rebuilding.
         self.single = treedef.num_leaves == 1 and treedef.num_nodes == 1 and not static
 
@@ -30,13 +41,14 @@ class StaticOutput:
         `static_as_none`, as for tangents)."""
         if self.single:
             return dynamic[0]
-        if not self.static:
+        if self.sharing is None and not self.static:
             return self.treedef.unflatten(dynamic)
         static = (None,) * len(self.static) if static_as_none else self.static
         dynamic_it, static_it = iter(dynamic), iter(static)
-        return self.treedef.unflatten(
-            [next(dynamic_it) if m else next(static_it) for m in self.mask]
-        )
+        leaves = [next(dynamic_it) if m else next(static_it) for m in self.mask]
+        if self.sharing is not None:
+            return self.sharing.unflatten(leaves)
+        return self.treedef.unflatten(leaves)
 
 
 jax.tree_util.register_pytree_node(StaticOutput, lambda s: ((), s), lambda s, _: s)
@@ -78,11 +90,26 @@ jax.tree_util.register_pytree_node(
 
 
 def pack_output(out: Any, out_spec: Any, transform: str) -> Any:
-    """`out` itself where the `out=` spec traces all its leaves, else a `PackedOutput`."""
+    """`out` itself where the `out=` spec traces all its leaves and no object in it is
+    shared, else a `PackedOutput`."""
     dynamic, static = split_output(out, out_spec, transform)
+    # The same tracer at two places may be a shared object: pass its leaves once and
+    # rebuild one object outside. (This runs while tracing only.)
+    if has_repeats(dynamic):
+        sharing = find_sharing(out, static.treedef)
+        if sharing is not None:
+            return _pack_shared(out, sharing, static, transform)
     if not static.static:
         return out
     return PackedOutput(dynamic, static)
+
+
+def _pack_shared(out: Any, sharing: Sharing, static: StaticOutput, transform: str) -> Any:
+    mask = selected_once(sharing, out, static.mask, f"returned by {transform} as an array")
+    leaves = sharing.dedupe(static.treedef.flatten_up_to(out))
+    dynamic = [leaf for leaf, m in zip(leaves, mask, strict=True) if m]
+    statics = tuple(leaf for leaf, m in zip(leaves, mask, strict=True) if not m)
+    return PackedOutput(dynamic, StaticOutput(static.treedef, mask, statics, sharing))
 
 
 def unpack_output(result: Any) -> Any:

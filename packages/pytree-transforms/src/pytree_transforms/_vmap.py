@@ -5,14 +5,17 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-
-from pytree_filter import is_array
 
 from ._arguments import ArgumentSpecs
-from ._axes import DEFAULT_AXES, UNSET, axes_of, merge_axis_options
+from ._axes import (
+    DEFAULT_AXES,
+    UNSET,
+    MappedOutput,
+    axes_of,
+    merge_axis_options,
+    split_mapped_output,
+)
 from ._method import BindsAsMethod
-from ._outputs import StaticOutput
 
 
 class _VmapWrapper(BindsAsMethod):
@@ -38,35 +41,25 @@ class _VmapWrapper(BindsAsMethod):
                 "filter_vmap: no input is mapped over (every leaf has axis None), so the "
                 "batch size is unknown. Pass `axis_size=` or map an array argument."
             )
-        holder: list[Any] = []
+        holder: list[MappedOutput] = []
 
-        def batched(mapped_leaves: list[Any]) -> tuple[list[Any], StaticOutput]:
+        def batched(mapped_leaves: list[Any]) -> tuple[list[Any], list[Any]]:
             full = list(leaves)
             for i, leaf in zip(mapped, mapped_leaves, strict=True):
                 full[i] = leaf
             fun, call_args, call_kwargs = treedef.unflatten(full)
             out = fun(*call_args, **call_kwargs)
-            out_leaves, out_axes, out_def = axes_of(self._out, out, "the output")
-            dynamic = [x for x, a in zip(out_leaves, out_axes, strict=True) if is_array(x)]
-            static = tuple(x for x in out_leaves if not is_array(x))
-            for x in static:
-                if isinstance(x, jax.core.Tracer):
-                    raise ValueError("filter_vmap: a non-array output leaf is a tracer.")
-            array_axes = [a for x, a in zip(out_leaves, out_axes, strict=True) if is_array(x)]
-            holder[:] = [array_axes]
-            return dynamic, StaticOutput(out_def, [is_array(x) for x in out_leaves], static)
+            with_axis, unmapped, layout = split_mapped_output(self._out, out, "filter_vmap")
+            holder[:] = [layout]
+            return with_axis, unmapped
 
-        dynamic_out, static_out = jax.vmap(
+        with_axis, unmapped = jax.vmap(
             batched,
             in_axes=([axes[i] for i in mapped],),
             out_axes=(0, None),
             **self._vmapkwargs,
         )([leaves[i] for i in mapped])
-        moved = [
-            x[0] if axis is None else (x if axis == 0 else jnp.moveaxis(x, 0, axis))
-            for x, axis in zip(dynamic_out, holder[0], strict=True)
-        ]
-        return static_out.rebuild(moved)
+        return holder[0].rebuild(with_axis, unmapped)
 
 
 def filter_vmap(
@@ -89,6 +82,9 @@ def filter_vmap(
     function `leaf -> int or None`, or a prefix pytree of those. By default array leaves are
     mapped over axis 0 and all other leaves are passed through unchanged; outputs likewise
     (non-array outputs are returned as they are, and must not depend on the mapped values).
+    An output given an axis (`out_axes=0`, say) that does not depend on the mapped inputs,
+    a Python number included, is broadcast along it; an array output given `None` must not
+    depend on them.
     This makes ensembles easy: map a constructor over keys to get a batch of models.
 
     Arguments:
