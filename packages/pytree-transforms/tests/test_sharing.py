@@ -179,3 +179,20 @@ def test_value_and_grad_with_a_shared_object_inside_filter_jit():
     assert jnp.allclose(value, loss(model, x))
     assert grads.encoder is grads.decoder
     assert jnp.allclose(grads.encoder.value, reference_grad(model, x))
+
+
+@pytest.mark.parametrize("blocks", [2, 7], ids=["compared pairwise", "compared by a set"])
+def test_filter_jit_finds_a_block_used_twice_among_many_of_one_structure(blocks):
+    cells = [Cell(jnp.full(2, float(i + 1))) for i in range(blocks)]
+    tied = [*cells, cells[1]]  # the second block again, last
+    untied = [*cells, Cell(cells[1].value)]
+
+    def total(chain):
+        return sum(jnp.sum(c.value**2) for c in chain)
+
+    grad = filter_jit(filter_grad(total))
+    for _ in range(2):
+        g_tied, g_untied = grad(tied), grad(untied)
+        assert g_tied[-1] is g_tied[1] and g_untied[-1] is not g_untied[1]
+        assert g_tied[1].value.tolist() == [8.0, 8.0]  # 2 * 2.0, from each of two uses
+        assert g_untied[1].value.tolist() == [4.0, 4.0]

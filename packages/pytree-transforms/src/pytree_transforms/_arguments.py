@@ -123,24 +123,23 @@ class TracedLeafNames(inspect.Signature):
     names where `bind` fails.
     """
 
-    __slots__ = ("_names",)
+    __slots__ = ("_names", "_static")
 
-    def __init__(self, names: Callable[[], list[str]]):
-        super().__init__(
-            [
-                inspect.Parameter("static", inspect.Parameter.POSITIONAL_ONLY),
-                inspect.Parameter("dynamic", inspect.Parameter.VAR_POSITIONAL),
-            ]
-        )
+    def __init__(self, names: Callable[[], list[str]], static: bool = True):
+        parameters = [inspect.Parameter("dynamic", inspect.Parameter.VAR_POSITIONAL)]
+        if static:
+            parameters.insert(0, inspect.Parameter("static", inspect.Parameter.POSITIONAL_ONLY))
+        super().__init__(parameters)
         self._names = names
+        self._static = static
 
     def bind(self, *args: Any, **kwargs: Any) -> inspect.BoundArguments:
-        """Bind the static argument and the traced leaves, each under its own name."""
-        leaves = [leaf for group in args[1:] for leaf in group]
+        """Bind the static argument (if any) and the traced leaves, each under its name."""
+        leaves = [leaf for group in args[1 if self._static else 0 :] for leaf in group]
         try:
             names = self._names()
         except Exception as error:  # a structure that cannot be rebuilt with placeholders
             raise TypeError("no names for these leaves") from error
-        if kwargs or not args or len(names) != len(leaves):
+        if kwargs or (self._static and not args) or len(names) != len(leaves):
             raise TypeError("not a call with this signature's leaves")
         return inspect.BoundArguments(self, dict(zip(names, leaves, strict=True)))

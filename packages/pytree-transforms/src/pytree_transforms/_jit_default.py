@@ -11,7 +11,6 @@ from ._errors import check_pytree_objects
 from ._jit_plan import Plan
 from ._jit_wrapper import JitWrapper, _diagnose_inputs
 from ._outputs import PackedOutput
-from ._sharing import has_repeats
 from ._static_key import KeyedStatics
 
 
@@ -57,15 +56,18 @@ class DefaultJitWrapper(JitWrapper):
             plan = self._last = self._default_plan(args, leaves, treedef, list(map(type, leaves)))
         dynamic = plan.get_dynamic(leaves)
         check = plan.repeat_check
-        if check is not None and has_repeats(check(dynamic)):
+        if check is not None and check(dynamic):
             # An object reached by two paths: `JitWrapper._split` passes it once.
             return super().__call__(*args, **kwargs)
-        static = plan.get_static(leaves)
         try:
-            # `Plan.static_arg`, inlined.
-            out = plan.jitted(KeyedStatics(static) if plan.keyed else static, dynamic)
+            if plan.fixed:
+                out = plan.jitted(dynamic)
+            else:
+                static = plan.get_static(leaves)
+                # `Plan.static_arg`, inlined.
+                out = plan.jitted(KeyedStatics(static) if plan.keyed else static, dynamic)
         except (TypeError, ValueError):
-            _diagnose_inputs(tree, leaves, plan, static)
+            _diagnose_inputs(tree, leaves, plan, plan.get_static(leaves))
             raise
         # `unpack_output`, inlined: one Python call fewer on every call.
         if type(out) is PackedOutput:

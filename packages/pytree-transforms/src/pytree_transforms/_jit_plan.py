@@ -13,7 +13,7 @@ from typing import Any
 from jax.core import Tracer
 from jax.tree_util import PyTreeDef
 
-from ._sharing import Sharing, repeat_candidates
+from ._sharing import Sharing, repeat_test
 from ._static_key import KeyedStatics, needs_static_key
 
 
@@ -36,6 +36,7 @@ class Plan:
     """
 
     __slots__ = (
+        "fixed",
         "get_dynamic",
         "get_static",
         "jitted",
@@ -76,10 +77,13 @@ class Plan:
         # `donate="all-except-first"`) come first in flat order: they are the first `kept`.
         self.kept = sum(1 for i in dynamic if i < kept_leaves)
         self.jitted: Any = None
-        # The traced leaves that show whether a call shares an object (see
-        # `repeat_candidates`), or None where no two objects of this structure could be one.
-        candidates = None if isinstance(treedef, Sharing) else repeat_candidates(treedef, mask)
-        self.repeat_check = None if candidates is None else _tuple_getter(candidates)
+        # Whether the static leaves are the same on every call (none, or only a plain
+        # function's placeholder): then `jitted` takes the traced leaves alone, and JAX has
+        # no static argument to hash and compare on each call.
+        self.fixed = False
+        # The test of the traced leaves that says a call may share an object (see
+        # `repeat_test`), or None where no two objects of this structure could be one.
+        self.repeat_check = None if isinstance(treedef, Sharing) else repeat_test(treedef, mask)
 
     def static_arg(self, static: tuple[Any, ...]) -> Any:
         """The static argument of this plan's `jax.jit` for these static leaves."""

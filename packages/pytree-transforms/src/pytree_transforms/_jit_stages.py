@@ -65,12 +65,13 @@ class Compiled:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         plan, arguments = self._split(args, kwargs)
-        if plan is not self._plan or arguments[0] != self._static_arg:
+        if plan is not self._plan or (not plan.fixed and arguments[0] != self._static_arg):
             raise ValueError(
                 "This compiled function was lowered for arguments of another structure or "
                 "with other static (non-array) values. Lower it again for these arguments."
             )
-        return unpack_output(self.compiled(*arguments[1:]))
+        # A plan with fixed statics takes no static argument (see `Plan.fixed`).
+        return unpack_output(self.compiled(*(arguments if plan.fixed else arguments[1:])))
 
     def as_text(self) -> str:
         """The compiled program as text."""

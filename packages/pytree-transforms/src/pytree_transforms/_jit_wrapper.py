@@ -65,6 +65,7 @@ class JitWrapper(BindsAsMethod):
             if isinstance(treedef, Sharing):
                 kept = sum(1 for i in treedef.unique if i < kept)
         plan = Plan(treedef, mask, types, static_types, kept)
+        plan.fixed = self._donate == "none" and all(t is _TheFunction for t in static_types)
         plan.jitted = self._jit(plan)
         plans.append(plan)
         return plan
@@ -93,6 +94,14 @@ class JitWrapper(BindsAsMethod):
         # must not lead back to `traced` (this wrapper, the plan, its `jax.jit`), or the
         # entry would keep the wrapper and its function alive for good.
         names = functools.partial(_leaf_names, self._fun, plan.treedef, tuple(plan.mask))
+        if plan.fixed:
+            statics = (_THE_FUNCTION,) * len(plan.static_types)
+
+            def traced_fixed(*dynamic: tuple[Any, ...]) -> Any:
+                return traced(statics, *dynamic)
+
+            present_as(traced_fixed, self._fun, TracedLeafNames(names, static=False))
+            return jax.jit(traced_fixed, **self._jitkwargs)
         present_as(traced, self._fun, TracedLeafNames(names))
         donate_argnums = (2,) if donating else ()
         return jax.jit(traced, static_argnums=0, donate_argnums=donate_argnums, **self._jitkwargs)
@@ -123,8 +132,10 @@ class JitWrapper(BindsAsMethod):
 
     def _arguments(self, plan: Plan, leaves: list[Any], static: tuple[Any, ...]) -> tuple:
         """The arguments of `plan.jitted` for one call's leaves."""
-        static_arg = plan.static_arg(static)
         dynamic = plan.get_dynamic(leaves)
+        if plan.fixed:
+            return (dynamic,)
+        static_arg = plan.static_arg(static)
         if self._donate == "none":
             return static_arg, dynamic
         aliases, kept, donated = plan.donation(dynamic)
@@ -151,7 +162,8 @@ class JitWrapper(BindsAsMethod):
             A `Lowered` whose `.compile()` gives a callable taking the same arguments.
         """
         plan, arguments = self._split_arguments(args, kwargs)
-        return Lowered(plan.jitted.lower(*arguments), self._split_arguments, plan, arguments[0])
+        static_arg = None if plan.fixed else arguments[0]
+        return Lowered(plan.jitted.lower(*arguments), self._split_arguments, plan, static_arg)
 
 
 class _TheFunction:

@@ -17,7 +17,8 @@ puts the very same array objects twice among the leaves (`has_repeats`).
 """
 
 import functools
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -243,17 +244,21 @@ def describe_positions(tree: Any, treedef: PyTreeDef, positions: Sequence[int]) 
     return [jax.tree_util.keystr(paths[i][0]) or "the root" for i in positions]
 
 
-def repeat_candidates(treedef: PyTreeDef, mask: Sequence[Any]) -> list[int] | None:
-    """Which traced leaves can show that an object is shared, for a cheaper `has_repeats`.
+def repeat_test(treedef: PyTreeDef, mask: Sequence[Any]) -> Callable[[Sequence[Any]], bool] | None:
+    """A cheap test of a call's traced leaves that is true when an object may be shared.
 
     An object reached twice has the same subtree (the same treedef) at both places, and its
-    first traced leaf is then the very same array at both. So only the first traced leaf of
-    each object whose subtree treedef occurs more than once needs checking: the returned
-    indices (into the traced leaves, in order), or None when no two objects could be one.
+    first traced leaf is then the very same array at both. So only the first traced leaves
+    of objects with equal subtree treedefs need comparing, and only with each other. The
+    test is made once per structure: small groups compare by `is` in generated code (a
+    test on every call, so it must cost next to nothing), larger ones through a set of ids.
 
     Arguments:
         treedef: the structure of a call.
         mask: one truth value per leaf: whether it is traced.
+
+    Returns:
+        `test(traced_leaves) -> bool`, or None when no two objects could be one.
     """
     traced_index: list[int | None] = []
     count = 0
@@ -262,8 +267,28 @@ def repeat_candidates(treedef: PyTreeDef, mask: Sequence[Any]) -> list[int] | No
         count += bool(m)
     firsts: dict[PyTreeDef, list[int]] = {}
     _collect_firsts(treedef, 0, traced_index, firsts)
-    candidates = sorted(i for group in firsts.values() if len(group) > 1 for i in group)
-    return candidates or None
+    groups = [group for group in firsts.values() if len(group) > 1]
+    if not groups:
+        return None
+    terms = []
+    namespace: dict[str, Any] = {"distinct": _distinct}
+    for n, group in enumerate(groups):
+        if len(group) <= _PAIRWISE:
+            terms += [f"d[{a}] is d[{b}]" for i, a in enumerate(group) for b in group[i + 1 :]]
+        else:
+            namespace[f"g{n}"] = operator.itemgetter(*group)
+            terms.append(f"not distinct(g{n}(d))")
+    # The source is built from integers and fixed names only.
+    exec(f"def test(d):\n    return {' or '.join(terms)}", namespace)
+    return namespace["test"]
+
+
+# Up to this many objects of one structure are compared pairwise (at most 6 `is` tests).
+_PAIRWISE = 4
+
+
+def _distinct(values: Sequence[Any]) -> bool:
+    return len(set(map(id, values))) == len(values)
 
 
 def _collect_firsts(
