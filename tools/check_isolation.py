@@ -8,7 +8,7 @@ For every package under ``packages/`` (or those named), this:
 2. checks statically that every sibling its source imports is declared in its own
    ``dependencies``;
 3. creates a fresh virtual environment holding only that wheel, the wheels of its declared
-   siblings, what they require from the package index, and pytest + hypothesis;
+   siblings, what they require from the package index, and pytest (with pytest-xdist) + hypothesis;
 4. checks that every module its source imports (outside ``try: ... except ImportError``) is
    the standard library, the package itself, installed in that environment, or named by one of
    its optional extras;
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TEST_REQUIREMENTS = ["pytest", "hypothesis"]
+TEST_REQUIREMENTS = ["pytest", "pytest-xdist", "hypothesis"]
 IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError"}
 
 
@@ -214,6 +214,11 @@ def check_package(
             "pytest",
             "tests",
             "-q",
+            # Two processes, each test file whole on one (as in the main test run).
+            "-n",
+            "2",
+            "--dist",
+            "loadfile",
             "--import-mode=importlib",
             "-p",
             "no:cacheprovider",
