@@ -453,3 +453,22 @@ def test_lowered_program_is_named_after_the_function():
         return x * n
 
     assert "jit_scale_by" in filter_jit(scale_by).lower(jnp.ones(2), 3).as_text()
+
+
+def test_calls_alternating_between_structures_never_print_the_inputs():
+    """A miss of the last call's plan must not cost an error message printing the tree."""
+    printed = []
+
+    class Loud(Module):
+        def __init__(self, n):
+            self.weights = [jnp.ones(2) for _ in range(n)]
+
+        def __repr__(self):
+            printed.append(1)
+            return "Loud"
+
+    f = filter_jit(lambda m: sum(w.sum() for w in m.weights))
+    small, large = Loud(1), Loud(3)
+    for _ in range(5):
+        assert float(f(small)) == 2.0 and float(f(large)) == 6.0
+    assert printed == []

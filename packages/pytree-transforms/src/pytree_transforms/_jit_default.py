@@ -53,7 +53,12 @@ class DefaultJitWrapper(JitWrapper):
                 pass
         if leaves is None or plan.types != list(map(type, leaves)):
             leaves, treedef = jax.tree.flatten(tree)
-            plan = self._last = self._default_plan(args, leaves, treedef, list(map(type, leaves)))
+            plan = self._default_plan(args, leaves, treedef, list(map(type, leaves)))
+            # Trying the last plan first pays only while calls keep one structure: a failed
+            # `flatten_up_to` raises an error whose message prints the whole tree. So it is
+            # tried again only once two calls in a row had the same plan.
+            self._last = plan if plan is self._previous else None
+            self._previous = plan
         dynamic = plan.get_dynamic(leaves)
         check = plan.repeat_check
         if check is not None and check(dynamic):

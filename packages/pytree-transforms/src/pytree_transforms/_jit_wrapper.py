@@ -41,6 +41,7 @@ class JitWrapper(BindsAsMethod):
         self._jitkwargs = jitkwargs
         self._plans: dict[PyTreeDef, list[Plan]] = {}
         self._last: Plan | None = None
+        self._previous: Plan | None = None
         functools.update_wrapper(self, fun, updated=())
 
     def _plan(
