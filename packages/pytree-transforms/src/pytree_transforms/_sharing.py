@@ -16,7 +16,6 @@ cheap test says it may find something: an object with array leaves that is reach
 puts the very same array objects twice among the leaves (`has_repeats`).
 """
 
-import functools
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -66,29 +65,14 @@ class Sharing:
         """The unique leaves, from all the leaves."""
         return [leaves[i] for i in self.unique]
 
-    def expand(self, unique_leaves: Sequence[Any]) -> list[Any]:
-        """All the leaves (repeats included), from the unique ones."""
-        index = _unique_index(self)
-        return [unique_leaves[index[source]] for source in self.repeats]
-
     def unflatten(self, unique_leaves: Sequence[Any]) -> Any:
         """Rebuild the tree from its unique leaves, one object for each shared object."""
         built: dict[int, Any] = {}
         return _build(self._program, iter(unique_leaves), built)
 
-    def paths_of(self, position: int) -> list[int]:
-        """Every position that holds the same leaf as `position` (for error messages)."""
-        source = self.repeats[position]
-        return [i for i, s in enumerate(self.repeats) if s == source]
-
     def __repr__(self) -> str:
         shared = len(self.repeats) - len(self.unique)
         return f"Sharing({shared} of {len(self.repeats)} leaves repeat others)"
-
-
-@functools.lru_cache(maxsize=256)
-def _unique_index(sharing: Sharing) -> dict[int, int]:
-    return {position: i for i, position in enumerate(sharing.unique)}
 
 
 # The rebuild program is a tree of tuples, one per node of the structure:
