@@ -581,6 +581,53 @@ def test_flattening_during_init_is_a_clear_error():
         Early()
 
 
+@pytest.mark.parametrize("where", ["__init__", "nested __init__", "missing field", "converter"])
+def test_a_construction_that_raises_leaves_no_module_initialising(where):
+    from pytree_module._module import _INITIALISING
+
+    class Inner(Module):
+        def __init__(self):
+            self.w = jnp.ones(1)
+            if where == "nested __init__":
+                raise RuntimeError("inner")
+
+    class Failing(Module):
+        needed: int
+        converted: int = field(converter=int, default=0)
+
+        def __init__(self):
+            self.w = jnp.ones(1)
+            self.inner = Inner()
+            if where == "__init__":
+                raise RuntimeError("outer")
+            if where != "missing field":
+                self.needed = 1
+            if where == "converter":
+                self.converted = "not a number"
+
+    before = dict(_INITIALISING)
+    with pytest.raises((RuntimeError, ValueError)):
+        Failing()
+    assert before == _INITIALISING
+
+
+def test_init_runs_no_user_hash_or_eq_of_the_module():
+    # Hashing these before `n` is set would fail: "still initialising" is keyed by id.
+    class ValueHashed(Module):
+        def __init__(self, n):
+            self.w = jnp.ones(1)
+            self.n = n
+
+        def __hash__(self):
+            return hash(self.n)
+
+        def __eq__(self, other):
+            return self.n == other.n
+
+    assert ValueHashed(2) == ValueHashed(2)
+    assert hash(ValueHashed(3)) == hash(3)
+
+
 def test_arrays_put_into_a_forced_static_value_during_init():
     class Foo(Module):
         def __init__(self):

@@ -93,6 +93,31 @@ def test_value_and_grad_with_non_array_aux():
     assert aux["label"] == "sq"
 
 
+def test_each_call_gets_its_own_aux_even_when_the_backward_pass_calls_the_function_again():
+    @jax.custom_vjp
+    def probe(x):
+        return x
+
+    def probe_fwd(x):
+        return x, None
+
+    def probe_bwd(_, cotangent):
+        # The backward pass (eager Python here) calls the same function with another aux.
+        _, inner_aux = grad_fn(jnp.array(1.0), "inner", nested=False)
+        assert inner_aux == {"name": "inner"}
+        return (cotangent,)
+
+    probe.defvjp(probe_fwd, probe_bwd)
+
+    def loss(x, name, nested):
+        y = probe(x) if nested else x
+        return y**2, {"name": name}
+
+    grad_fn = filter_grad(loss, has_aux=True)
+    grads, aux = grad_fn(jnp.array(3.0), "outer", nested=True)
+    assert aux == {"name": "outer"} and float(grads) == 6.0
+
+
 def test_arg_filter_selects_what_is_differentiated():
     params = {"a": jnp.array(1.0), "b": jnp.array(2.0)}
     grads = filter_grad(lambda p: p["a"] * p["b"], arg={"a": True, "b": False})(params)

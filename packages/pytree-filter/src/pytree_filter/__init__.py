@@ -14,7 +14,11 @@ from ._partition import combine as combine
 from ._partition import filter as filter
 from ._partition import flatten_with_mask as flatten_with_mask
 from ._partition import partition as partition
+from ._paths import Path as Path
 from ._paths import path_keys as path_keys
+from ._paths import path_text as path_text
+from ._predicates import ARRAY_TYPES as ARRAY_TYPES
+from ._predicates import SHAPED_TYPES as SHAPED_TYPES
 from ._predicates import is_array as is_array
 from ._predicates import is_array_like as is_array_like
 from ._predicates import is_inexact_array as is_inexact_array

@@ -9,7 +9,7 @@ import jax
 from jax.tree_util import PyTreeDef
 
 from ._filters import Filter, _LeafPredicate, as_filter
-from ._paths import path_keys
+from ._paths import path_keys, path_text
 from ._predicates import leaf_mask
 
 IsLeaf = Callable[[Any], bool] | None
@@ -375,4 +375,4 @@ def _node_data(treedef: PyTreeDef) -> Any:
 
 
 def _key_text(key: Any) -> str:
-    return jax.tree_util.keystr((key,))
+    return path_text((key,))

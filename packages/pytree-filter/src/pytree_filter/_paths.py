@@ -1,4 +1,4 @@
-"""Normalising JAX key paths to plain keys."""
+"""Paths into pytrees: JAX key paths as plain keys (`path_keys`), and as text (`path_text`)."""
 
 from collections.abc import Sequence
 from typing import Any
@@ -6,6 +6,7 @@ from typing import Any
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
 Path = tuple[Any, ...]
+"""A path as plain keys, outermost first: `('layers', 0, 'weight')`."""
 
 
 def path_keys(key_path: Sequence[Any]) -> Path:
@@ -28,6 +29,52 @@ def path_keys(key_path: Sequence[Any]) -> Path:
         ('a', 0)
     """
     return tuple(_plain(entry) for entry in key_path)
+
+
+def path_text(path: Sequence[Any], *, root: str = "the top level") -> str:
+    """A path as text, the way every message of these packages shows one: `.layers[0].w`.
+
+    A plain string key that is a Python identifier reads as an attribute (`.w`), any other
+    plain key as an index (`[0]`, `['a b']`). Entries of a JAX key path keep what they say,
+    as `jax.tree_util.keystr` prints them (`GetAttrKey` reads `.w`, `DictKey` reads `['w']`,
+    `SequenceKey` reads `[0]`), so a key path can be passed as it is.
+
+    Arguments:
+        path: plain keys (a `Path`), or a JAX key path.
+        root: the text for the empty path, the whole tree.
+
+    Returns:
+        The path as text, or `root` when `path` is empty.
+
+    Examples:
+        >>> import jax
+        >>> from pytree_filter import path_text
+        >>> path_text(("layers", 0, "weight"))
+        '.layers[0].weight'
+        >>> path_text(("scores", "not an identifier"))
+        ".scores['not an identifier']"
+        >>> [(key_path, _)] = jax.tree_util.tree_flatten_with_path({"w": [1]})[0]
+        >>> path_text(key_path)
+        "['w'][0]"
+        >>> path_text(())
+        'the top level'
+    """
+    if not path:
+        return root
+    return "".join(map(_key_text, path))
+
+
+def _key_text(key: Any) -> str:
+    kind = type(key)
+    if kind is GetAttrKey:
+        return f".{key.name}"
+    if kind is DictKey:
+        return f"[{key.key!r}]"
+    if kind is SequenceKey:
+        return f"[{key.idx}]"
+    if kind is FlattenedIndexKey:
+        return f"[{key.key}]"
+    return f".{key}" if isinstance(key, str) and key.isidentifier() else f"[{key!r}]"
 
 
 def _plain(entry: Any) -> Any:

@@ -8,7 +8,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 
-_ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
+ARRAY_TYPES: tuple[type, ...] = (jax.Array, np.ndarray, np.generic)
+"""The types `is_array` accepts: JAX arrays (tracers included), NumPy arrays and NumPy scalars."""
+
+SHAPED_TYPES: tuple[type, ...] = (*ARRAY_TYPES, jax.ShapeDtypeStruct)
+"""`ARRAY_TYPES` and `jax.ShapeDtypeStruct`, the stand-in `jax.eval_shape` returns for an array.
+
+This is what counts as array data where a value stands for an array without being one: a
+Module holding a `ShapeDtypeStruct` keeps it as data (a leaf), as it would the array, so a
+model built by `eval_shape` has the structure of the real one.
+"""
+
 _SCALAR_TYPES = (bool, int, float, complex)
 _INEXACT_SCALAR_TYPES = (float, complex)
 _inexact_dtypes: dict[Any, bool] = {}
@@ -46,7 +56,7 @@ def is_array(element: Any) -> bool:
     """
     known = _array_by_type.get(type(element))
     if known is None:
-        known = isinstance(element, _ARRAY_TYPES)
+        known = isinstance(element, ARRAY_TYPES)
         if not isinstance(element, Tracer):
             _array_by_type[type(element)] = known
     return known
@@ -77,7 +87,7 @@ def is_array_like(element: Any) -> bool:
         >>> is_array_like(1), is_array_like(2.5), is_array_like("text")
         (True, True, False)
     """
-    return isinstance(element, _ARRAY_TYPES + _SCALAR_TYPES) or hasattr(
+    return isinstance(element, ARRAY_TYPES + _SCALAR_TYPES) or hasattr(
         type(element), "__jax_array__"
     )
 

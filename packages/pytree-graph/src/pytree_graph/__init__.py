@@ -9,13 +9,14 @@ from ._control_flow import fori_loop as fori_loop
 from ._control_flow import scan as scan
 from ._control_flow import switch as switch
 from ._control_flow import while_loop as while_loop
+from ._eval_shape import eval_shape as eval_shape
 from ._graphdef import GraphDef as GraphDef
+from ._graphdef import merge as merge
 from ._jit import jit as jit
 from ._refs import VariableIndex as VariableIndex
 from ._refs import VariableValue as VariableValue
 from ._refs import deref as deref
 from ._refs import reref as reref
-from ._remat import eval_shape as eval_shape
 from ._remat import remat as remat
 from ._shard_map import shard_map as shard_map
 from ._sharding import create_sharded as create_sharded
@@ -24,7 +25,6 @@ from ._sharding import get_partition_spec as get_partition_spec
 from ._sharding import shard as shard
 from ._split_merge import clone as clone
 from ._split_merge import graphdef as graphdef
-from ._split_merge import merge as merge
 from ._split_merge import pop as pop
 from ._split_merge import split as split
 from ._split_merge import state as state

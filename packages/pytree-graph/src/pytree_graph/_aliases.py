@@ -10,8 +10,10 @@ so such options contradict each other: they are refused, naming the paths.
 from collections.abc import Callable
 from typing import Any
 
+from pytree_filter import path_text
+
 from ._boundary import Call, Lifted
-from ._traverse import GraphWalk, Path, show_path
+from ._traverse import GraphWalk, Path
 
 
 def lift_recording_aliases(tree: Any) -> tuple[Lifted, GraphWalk]:
@@ -76,7 +78,7 @@ def show_argument_path(call: Call, path: Path) -> str:
         where = f"keyword argument {argument!r}"
     else:
         where = f"argument {argument}"
-    return where if not relative else f"{where} at {show_path(relative)}"
+    return where if not relative else f"{where} at {path_text(relative)}"
 
 
 def check_one_spec(

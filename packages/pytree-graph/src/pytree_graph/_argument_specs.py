@@ -6,14 +6,11 @@ from typing import Any
 
 import jax
 
-from pytree_filter import path_keys
+from pytree_filter import Path, path_keys, path_text
 
 from ._boundary import Call
 from ._state import State
-from ._traverse import show_path
 from ._variables import Variable
-
-Path = tuple[Any, ...]
 
 # A leaf with no entry in a lenient lookup (see `SpecTable.find`).
 NO_ENTRY = object()
@@ -54,7 +51,7 @@ class SpecTable:
             value = leaf.value if isinstance(leaf, Variable) else leaf
             if not is_spec(value):
                 raise TypeError(
-                    f"{where}: the entry at {show_path(path)} is {value!r}; each entry must "
+                    f"{where}: the entry at {path_text(path)} is {value!r}; each entry must "
                     f"be {expected}."
                 )
             self.by_path[path] = value
@@ -75,14 +72,14 @@ class SpecTable:
             return NO_ENTRY
         what = "value" if leaf is None else type(leaf).__name__
         raise ValueError(
-            f"{self.where} has no entry for the {what} at {show_path(path)}. "
+            f"{self.where} has no entry for the {what} at {path_text(path)}. "
             "Build a per-Variable spec from the same object it is given for (e.g. "
             "`pytree_graph.get_named_sharding(model, mesh)`, after any change to the "
             "model's structure), or give one spec for the whole argument."
         )
 
 
-class ArgumentSpecs:
+class PerArgumentSpecs:
     """Per-argument specs of a transform, as one table per positional argument.
 
     Arguments:

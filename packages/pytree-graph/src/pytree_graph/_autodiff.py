@@ -7,14 +7,14 @@ from typing import Any
 
 import jax
 
-from pytree_filter import is_inexact_array_like, to_predicate
-from pytree_transforms._method import BindsAsMethod
+from pytree_filter import is_inexact_array_like, path_text, to_predicate
+from pytree_transforms.extend import BindsAsMethod
 
 from ._aliases import check_one_spec, lift_recording_aliases
 from ._boundary import Call, Inside, Lifted, holds_modules, value_of
-from ._graphdef import DICT, LEAF, LIST, PYTREE, TUPLE, VARIABLE
+from ._errors import check_callable
+from ._records import DICT, LEAF, LIST, PYTREE, TUPLE, VARIABLE
 from ._state import State
-from ._traverse import show_path
 from ._variables import Param, Variable
 
 
@@ -57,7 +57,7 @@ class _GraphValueAndGrad(BindsAsMethod):
                 value, aux = out
             else:
                 value, aux = out, None
-            outcome, out_values = inside.outcome(aux)
+            outcome, out_values = inside.finish(aux)
             return value, (value, outcome, out_values)
 
         self._grad = jax.grad(pure, has_aux=True, **grad_kwargs)
@@ -112,7 +112,7 @@ class _GraphValueAndGrad(BindsAsMethod):
         if not is_inexact_array_like(value):
             kind = type(leaf).__name__
             raise TypeError(
-                f"{self._transform}: the {kind} at {show_path(relative)} of argument "
+                f"{self._transform}: the {kind} at {path_text(relative)} of argument "
                 f"{argument} matches wrt={_name(self._wrt_spec)} but holds "
                 f"{_describe(value)}, which has no gradient (only floating-point values "
                 "do). Narrow `wrt=` to leave it out, e.g. `wrt=Param` with the integer "
@@ -145,20 +145,20 @@ class _GraphValueAndGrad(BindsAsMethod):
 def _rebuild(record: tuple, grads: dict[int, Any]) -> Any:
     """A gradient shaped like the argument `record` describes (Variables holding their
     gradient), with None where nothing was differentiated."""
-    tag = record[0]
+    tag = record.tag
     if tag == LEAF:
-        return grads.get(record[1])
+        return grads.get(record.position)
     if tag == VARIABLE:
-        grad = grads.get(record[3])
-        return None if grad is None else record[1]((grad,))
+        grad = grads.get(record.position)
+        return None if grad is None else record.kind((grad,))
     if tag == LIST:
-        return [_rebuild(r, grads) for r in record[1]]
+        return [_rebuild(r, grads) for r in record.children]
     if tag == TUPLE:
-        return tuple(_rebuild(r, grads) for r in record[1])
+        return tuple(_rebuild(r, grads) for r in record.children)
     if tag == DICT:
-        return {k: _rebuild(r, grads) for k, r in zip(record[1], record[2], strict=True)}
+        return {k: _rebuild(r, grads) for k, r in zip(record.keys, record.children, strict=True)}
     if tag == PYTREE:
-        return record[1].unflatten([_rebuild(r, grads) for r in record[2]])
+        return record.treedef.unflatten([_rebuild(r, grads) for r in record.children])
     return None
 
 
@@ -221,7 +221,7 @@ def value_and_grad(
         return functools.partial(
             value_and_grad, argnums=argnums, has_aux=has_aux, wrt=wrt, **grad_kwargs
         )
-    _check_callable(fun, "value_and_grad")
+    check_callable(fun, "value_and_grad")
     return _GraphValueAndGrad(fun, argnums, has_aux, wrt, "value_and_grad", grad_kwargs)
 
 
@@ -261,7 +261,7 @@ def grad(
     """
     if fun is None:
         return functools.partial(grad, argnums=argnums, has_aux=has_aux, wrt=wrt, **grad_kwargs)
-    _check_callable(fun, "grad")
+    check_callable(fun, "grad")
     inner = _GraphValueAndGrad(fun, argnums, has_aux, wrt, "grad", grad_kwargs)
 
     @functools.wraps(fun)
@@ -283,11 +283,6 @@ class _Bound(BindsAsMethod):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._fun(*args, **kwargs)
-
-
-def _check_callable(fun: Any, transform: str) -> None:
-    if not callable(fun):
-        raise TypeError(f"{transform} expects a function, got {type(fun).__name__}: {fun!r}.")
 
 
 for _function in (grad, value_and_grad):

@@ -5,12 +5,12 @@ Every graph transform runs in three steps:
 1. Outside, `Lifted(tree)` walks the call's arguments once: their `GraphDef` is the
    static part of the call, the values of their Variables and arrays the dynamic part.
 2. Inside the transform (traced), `Inside(graphdef, values)` builds new objects from
-   them; the user's function runs on those; `inside.outcome(out)` then describes what
-   came out (the output, and how the arguments' graph changed) as a static `Outcome`
-   plus the dynamic values that description needs.
+   them; the user's function runs on those; `inside.finish(out)` then describes what
+   came out (the output, and how the arguments' graph changed) as a static outcome
+   (`_outcome`) plus the dynamic values that description needs.
 3. Outside again, `lifted.apply(outcome, values)` writes the changes to the caller's
    objects and builds the output, with the caller's objects wherever the output refers
-   to objects that came in.
+   to objects that came in. Every graph transform ends with this one call.
 
 Most calls change only Variable values, if anything: the outcome then lists the leaf
 positions written, and applying it is one assignment per written Variable. When the
@@ -26,14 +26,11 @@ import jax
 
 from pytree_module import Module, Partial
 
-from ._graphdef import LEAF, STATIC, Builder, GraphDef, check_writable
-from ._static import Static
+from ._graphdef import Builder, GraphDef, check_writable
+from ._outcome import NOTHING_CHANGED, Outcome, StructureChanged, ValuesChanged
+from ._records import LEAF, NONE_RECORD
 from ._traverse import GraphWalk
 from ._variables import Variable
-
-# Outcome forms.
-VALUES = 0  # only Variable values changed (or nothing did)
-STRUCTURE = 1  # the graph's structure changed: everything is described again
 
 
 def value_of(leaf: Any) -> Any:
@@ -122,43 +119,46 @@ class Lifted:
         builder = Builder(values, [None] * len(self.objects), reuse=dict(enumerate(self.objects)))
         return builder.visit(self.graphdef.root)
 
-    def build_output(self, outcome: "Outcome", out_values: list[Any]) -> Any:
-        """The output an outcome describes, with the caller's objects where it refers to
-        objects that came in."""
+    def apply(self, outcome: Outcome, values: list[Any]) -> Any:
+        """Write `outcome`'s changes into the caller's objects; return the output.
+
+        Arguments:
+            outcome: from `Inside.finish`, run on this call's values.
+            values: the values `finish` returned with it (as the transform gives them
+                back: new arrays, or tracers of an enclosing transform).
+        """
+        if type(outcome) is StructureChanged:
+            reuse = {
+                index: self.objects[origin]
+                for index, origin in enumerate(outcome.origins)
+                if origin >= 0
+            }
+            builder = Builder(values, [None] * outcome.num_objects, reuse=reuse)
+            builder.visit(outcome.args)
+            return builder.visit(outcome.out)
+        if outcome.carries_all:
+            written, out_values = values[: outcome.num_leaves], values[outcome.num_leaves :]
+            if outcome.rewrite:
+                self.write_all(written)
+            else:
+                self._set_values(outcome.changed, [written[p] for p in outcome.changed])
+        else:
+            count = len(outcome.changed)
+            self._set_values(outcome.changed, values[:count])
+            out_values = values[count:]
         if outcome.out is None:
             return out_values[0] if outcome.out_is_leaf else None
-        positions = [None] * outcome.first_out + list(out_values)
+        positions = [None] * outcome.num_leaves + list(out_values)
         objects = self.objects + [None] * (outcome.num_objects - len(self.objects))
         return Builder(positions, objects).visit(outcome.out)
 
-    def write_changes(self, outcome: "Outcome", values: list[Any]) -> None:
-        """Write back what a `fixed_outcome` says changed, from every leaf's new value."""
-        if outcome.rewrite:
-            self.write_all(values)
-            return
-        leaves = self.leaves
-        for position in outcome.changed:
+    def _set_values(self, positions: tuple[int, ...], values: list[Any]) -> None:
+        """Give the Variables at leaf `positions` their new `values`."""
+        leaves = self.leaves if positions else ()
+        for position, value in zip(positions, values, strict=True):
             variable = leaves[position]
             check_writable(variable)
-            _set_value(variable, ((values[position],), variable._pg_flat[1]))
-
-    def apply(self, outcome: "Outcome", values: list[Any]) -> Any:
-        """Write `outcome`'s changes into the caller's objects; return the output."""
-        if outcome.form == VALUES:
-            leaves = self.leaves if outcome.changed else ()
-            for position, value in zip(outcome.changed, values, strict=False):
-                variable = leaves[position]
-                check_writable(variable)
-                _set_value(variable, ((value,), variable._pg_flat[1]))
-            return self.build_output(outcome, values[len(outcome.changed) :])
-        reuse = {
-            index: self.objects[origin]
-            for index, origin in enumerate(outcome.origins)
-            if origin >= 0
-        }
-        builder = Builder(values, [None] * outcome.num_objects, reuse=reuse)
-        builder.visit(outcome.args)
-        return builder.visit(outcome.out)
+            _set_value(variable, ((value,), variable._pg_flat[1]))
 
 
 _set_value = Variable._pg_flat.__set__  # type: ignore[attr-defined]
@@ -195,7 +195,7 @@ class Reordered:
         )
 
 
-jax.tree_util.register_pytree_node(Reordered, lambda r: ((), r), lambda r, _: r)
+jax.tree_util.register_static(Reordered)
 
 
 def in_leaf_order(graphdef: "GraphDef | Reordered", values: list[Any]) -> tuple[GraphDef, list]:
@@ -214,7 +214,7 @@ class Inside:
 
     Attributes:
         tree: the rebuilt argument tree: new Modules and Variables, shared as outside.
-        after: once `outcome` has run, the walk it made of the arguments and the output
+        after: once `finish` has run, the walk it made of the arguments and the output
             (its `paths` give the path of each value it returned).
     """
 
@@ -228,85 +228,79 @@ class Inside:
         self.tree = Builder(values, self.objects).visit(graphdef.root)
         self.after: _After | None = None
 
-    def outcome(self, out: Any, full: bool = False) -> tuple["Outcome", list[Any]]:
-        """Describe what the function changed and returned: `(outcome, values)`.
+    def finish(
+        self,
+        out: Any,
+        *,
+        structure: str = "may_change",
+        transform: str = "",
+        track: bool = True,
+    ) -> tuple[Outcome, list[Any]]:
+        """Describe what the function changed and returned: `(outcome, values)`, for
+        `Lifted.apply` outside.
 
         Arguments:
             out: what the function returned (it may hold objects that came in, or new
                 ones).
-            full: describe the whole graph (form `STRUCTURE`) even if only values changed.
+            structure: `"may_change"`: the arguments may change structure (jit, remat,
+                grad); `"fixed"`: they must not (vmap, branches, shard_map), and the
+                values are every argument leaf's (a transform maps them all); or
+                `"describe"`: describe the whole graph even if only values changed.
+            transform: the transform's name, for the error of a `"fixed"` structure.
+            track: (`"fixed"`) list the Variables written; without it (for branches,
+                which must agree on their outcome) the outcome says to write back all.
+
+        Raises:
+            ValueError: (`"fixed"`) the function changed the structure of its arguments.
         """
         after = self.after = _After(self, out)
-        if after.same and not after.arrays_replaced and not full:
+        if structure == "fixed":
+            if not after.same:
+                raise ValueError(
+                    f"{transform}: the function changed the structure of the objects passed "
+                    "to it (added, removed or replaced an attribute or submodule, or changed "
+                    f"a Variable's type or metadata). Inside {transform} only the values of "
+                    "Variables and arrays may change: make structural changes outside it, "
+                    "or inside `pytree_graph.jit`."
+                )
+            outcome = ValuesChanged(
+                changed=tuple(after.changed) if track else (),
+                out=after.out_record,
+                num_leaves=after.num_leaves,
+                num_objects=after.num_objects,
+                carries_all=True,
+                rewrite=after.arrays_replaced or not track,
+            )
+            return outcome, after.values + after.out_values
+        if after.same and not after.arrays_replaced and structure != "describe":
             changed = tuple(after.changed)
             new_values = [after.values[p] for p in changed]
             out_record = after.out_record
-            if out_record[0] == LEAF and out_record[1] == after.num_leaves:
+            if out_record.tag == LEAF and out_record.position == after.num_leaves:
                 # The common case, a single array out: nothing to rebuild outside.
                 outcome = (
-                    _ONLY_AN_ARRAY
+                    NOTHING_CHANGED
                     if not changed
-                    else Outcome(VALUES, changed=changed, out_is_leaf=True)
+                    else ValuesChanged(changed=changed, out_is_leaf=True)
                 )
-            elif out_record == _NONE:
-                outcome = Outcome(VALUES, changed=changed)
+            elif out_record == NONE_RECORD:
+                outcome = ValuesChanged(changed=changed)
             else:
-                outcome = Outcome(
-                    VALUES,
+                outcome = ValuesChanged(
                     changed=changed,
                     out=out_record,
-                    first_out=after.num_leaves,
+                    num_leaves=after.num_leaves,
                     num_objects=after.num_objects,
                 )
             return outcome, new_values + after.out_values
         index_of = {id(obj): i for i, obj in enumerate(self.objects)}
-        origins = tuple(index_of.get(id(obj), -1) for obj in after.objects)
-        outcome = Outcome(
-            STRUCTURE,
+        outcome = StructureChanged(
             args=after.args_record,
             out=after.out_record,
-            origins=origins,
+            origins=tuple(index_of.get(id(obj), -1) for obj in after.objects),
             num_objects=after.num_objects,
         )
         return outcome, after.values + after.out_values
-
-    def fixed_outcome(
-        self, out: Any, transform: str, track: bool = True
-    ) -> tuple[list[Any], "Outcome", list[Any]]:
-        """For transforms whose inputs must keep their structure (vmap, loops, branches).
-
-        Arguments:
-            out: what the function returned.
-            transform: the transform's name, for the error.
-            track: list the Variables written in the outcome; without it (for branches,
-                which must agree on their outcome) the outcome says to write back all.
-
-        Returns:
-            `(values, outcome, out_values)`: the value of every argument leaf after the
-            call, in the original order; the outcome (form `VALUES`, the output's record);
-            the output's own values.
-
-        Raises:
-            ValueError: the function changed the structure of its arguments.
-        """
-        after = _After(self, out)
-        if not after.same:
-            raise ValueError(
-                f"{transform}: the function changed the structure of the objects passed to "
-                "it (added, removed or replaced an attribute or submodule, or changed a "
-                f"Variable's type or metadata). Inside {transform} only the values of "
-                "Variables and arrays may change: make structural changes outside it, or "
-                "inside `pytree_graph.jit`."
-            )
-        outcome = Outcome(
-            VALUES,
-            changed=tuple(after.changed) if track else (),
-            rewrite=after.arrays_replaced or not track,
-            out=after.out_record,
-            first_out=after.num_leaves,
-            num_objects=after.num_objects,
-        )
-        return after.values, outcome, after.out_values
 
 
 class _After:
@@ -354,82 +348,6 @@ class _After:
         self.paths = walk.paths  # the arguments' leaves, then the output's
         self.objects = walk.objects
         self.num_objects = len(walk.objects)
-
-
-_NONE = (STATIC, Static(None))
-
-
-class Outcome:
-    """What a transformed function did, in static form: it leaves the transform as
-    the structure of its output (a pytree with no leaves), so compiled functions keep it.
-
-    Attributes:
-        form: `VALUES` or `STRUCTURE`.
-        changed: (`VALUES`) leaf positions of the Variables written.
-        out: the record of the output (`None` for `None` or a single array).
-        out_is_leaf: (`VALUES`) whether the output is a single array.
-        first_out: (`VALUES`) the first leaf position of the output's own leaves.
-        rewrite: (`VALUES`, from `fixed_outcome`) write every leaf back, not only the
-            Variables in `changed`.
-        args: (`STRUCTURE`) the record of the arguments after the call.
-        origins: (`STRUCTURE`) for each object index, the index it came in with, or -1.
-        num_objects: how many objects the records number.
-    """
-
-    __slots__ = (
-        "args",
-        "changed",
-        "first_out",
-        "form",
-        "num_objects",
-        "origins",
-        "out",
-        "out_is_leaf",
-        "rewrite",
-    )
-
-    def __init__(
-        self,
-        form: int,
-        *,
-        changed: tuple[int, ...] = (),
-        out: tuple | None = None,
-        out_is_leaf: bool = False,
-        first_out: int = 0,
-        args: tuple | None = None,
-        origins: tuple[int, ...] = (),
-        num_objects: int = 0,
-        rewrite: bool = False,
-    ):
-        self.rewrite = rewrite
-        self.form = form
-        self.changed = changed
-        self.out = out
-        self.out_is_leaf = out_is_leaf
-        self.first_out = first_out
-        self.args = args
-        self.origins = origins
-        self.num_objects = num_objects
-
-    def _key(self) -> tuple:
-        return tuple(getattr(self, name) for name in self.__slots__)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Outcome) and self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-
-jax.tree_util.register_pytree_node(Outcome, lambda o: ((), o), lambda o, _: o)
-
-# Nothing changed, and the output is one array: the caller returns it as it is.
-_ONLY_AN_ARRAY = Outcome(VALUES, out_is_leaf=True)
-
-
-def only_an_array(outcome: Outcome) -> bool:
-    """Whether an outcome needs no work outside: no change, one array out."""
-    return outcome is _ONLY_AN_ARRAY
 
 
 def holds_graph_nodes(value: Any) -> bool:
@@ -496,12 +414,12 @@ class Call:
 
     def _args_record(self, graphdef: GraphDef) -> tuple:
         """The record of the positional arguments' tuple in a lifted tree's graphdef."""
-        return graphdef.root[1][1 if self.lift_fun else 0]
+        return graphdef.root.children[1 if self.lift_fun else 0]
 
     def num_args(self, graphdef: GraphDef) -> int:
         """How many positional arguments the call a lifted tree's graphdef describes has."""
-        return len(self._args_record(graphdef)[1])
+        return len(self._args_record(graphdef).children)
 
     def argument_record(self, graphdef: GraphDef, argument: int) -> tuple:
         """The record of positional argument `argument` in a lifted tree's graphdef."""
-        return self._args_record(graphdef)[1][argument]
+        return self._args_record(graphdef).children[argument]

@@ -25,15 +25,14 @@ def _branch(fun: Callable[..., Any], lifted: Lifted, transform: str) -> Callable
     def run(values: list[Any]) -> Any:
         inside = Inside(lifted.graphdef, values)
         # Branches must agree on their outcome, so none lists which Variables it wrote.
-        return inside.fixed_outcome(fun(*inside.tree), transform, track=False)
+        return inside.finish(fun(*inside.tree), structure="fixed", transform=transform, track=False)
 
     return run
 
 
 def _finish(lifted: Lifted, result: tuple) -> Any:
-    values, outcome, out_values = result
-    lifted.write_changes(outcome, values)
-    return lifted.build_output(outcome, out_values)
+    outcome, values = result
+    return lifted.apply(outcome, values)
 
 
 def cond(
@@ -288,7 +287,8 @@ def scan(
             raise TypeError(f"scan: f must return a pair (carry, y), got {type(out).__name__}.")
         carry, y = out
         new_carry = _carried(carry_lifted, carry, "scan", "f")
-        x_after, x_outcome, _ = x_inside.fixed_outcome(None, "scan")
+        x_outcome, x_after = x_inside.finish(None, structure="fixed", transform="scan")
+        # Only what was written is stacked out of the loop.
         written = x_after if x_outcome.rewrite else [x_after[p] for p in x_outcome.changed]
         walk = GraphWalk()
         y_graphdef = walk.graphdef(y)
@@ -305,12 +305,11 @@ def scan(
         **kwargs,
     )
     x_outcome, y_graphdef = static
-    if x_outcome.rewrite:
-        xs_lifted.write_all(written)
-    else:
+    if not x_outcome.rewrite:
         full = list(xs_lifted.values)
         for position, value in zip(x_outcome.changed, written, strict=True):
             full[position] = value
-        xs_lifted.write_changes(x_outcome, full)
+        written = full
+    xs_lifted.apply(x_outcome, written)
     carry = carry_lifted.write_all(final)
     return carry, build(y_graphdef, y_values)

@@ -14,8 +14,10 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+from pytree_filter import path_text
+
 from ._boundary import Call
-from ._traverse import Path, show_path
+from ._traverse import Path
 
 # The names of the lists of values the traced functions take (`pure_donating` takes two).
 _VALUE_NAME = re.compile(r"\b(values|donated|kept)\[(\d+)\]")
@@ -47,13 +49,13 @@ def argument_path_name(call: Call, fun: Callable[..., Any], path: Path) -> str:
     """A value's place in a call, as the caller would write it: `model.layers[0].w`."""
     argument, relative = call.split_path(path)
     if argument is None:
-        return f"the function{show_path(relative) if relative else ''}"
+        return f"the function{path_text(relative) if relative else ''}"
     if isinstance(argument, str):
         name = argument
     else:
         names = _parameter_names(fun)
         name = names[argument] if argument < len(names) else f"args[{argument}]"
-    return name + (show_path(relative) if relative else "")
+    return name + (path_text(relative) if relative else "")
 
 
 def rename_in_error(

@@ -1,8 +1,8 @@
-"""`GraphDef`: the static structure of an object graph, and rebuilding a graph from it."""
+"""`GraphDef` (the static structure of an object graph), and rebuilding a graph from it:
+`Builder`, `build`, and `merge`, which checks States against a graphdef and builds."""
 
-import copy
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import repeat
 from operator import itemgetter
 from typing import Any
@@ -10,25 +10,13 @@ from typing import Any
 import jax
 
 from pytree_module import Module, TraceContextError
-from pytree_module._module import mutations
-from pytree_module._trace import current_trace_token, same_trace
+from pytree_module.extend import blank_instance, rebuild_into, same_trace, touch, trace_of
 
+from ._records import DICT, LEAF, LIST, MODULE, OBJECT, PYTREE, SHARED, STATIC, TUPLE, VARIABLE
+from ._records import describe as _describe
+from ._state import Path, State
 from ._variables import Variable
 
-# Record tags. A graph is described by nested tuples of records; each begins with a tag.
-MODULE = 0  # (MODULE, entry, index, children, early): a pytree Module, rebuilt by its entry
-OBJECT = 1  # (OBJECT, cls, index, ((name, record), ...)): a `pytree=False` Module
-SHARED = 2  # (SHARED, index): an object met before on another path
-VARIABLE = 3  # (VARIABLE, kind, index, position): a Variable; its value is leaf `position`
-LEAF = 4  # (LEAF, position): an array, leaf `position` of the state
-STATIC = 5  # (STATIC, Static(value)): any other value, kept as it is (see `_static`)
-LIST = 6  # (LIST, children)
-TUPLE = 7  # (TUPLE, children)
-DICT = 8  # (DICT, keys, children)
-PYTREE = 9  # (PYTREE, treedef, children): any other registered pytree node
-
-_set_trace = Module._pm_trace.__set__  # type: ignore[attr-defined]
-_set_flat = Module._pm_flat.__set__  # type: ignore[attr-defined]
 _set_variable = Variable._pg_flat.__set__  # type: ignore[attr-defined]
 
 
@@ -86,26 +74,10 @@ class GraphDef:
 
     def merge(self, *states: Any) -> Any:
         """Build a new graph from this structure and the given States (see `merge`)."""
-        from ._split_merge import merge
-
         return merge(self, *states)
 
 
-jax.tree_util.register_pytree_node(GraphDef, lambda g: ((), g), lambda g, _: g)
-
-
-_CONTAINER_NAMES = {LIST: "list", TUPLE: "tuple", DICT: "dict", STATIC: "static value"}
-
-
-def _describe(record: tuple) -> str:
-    tag = record[0]
-    if tag == MODULE:
-        return record[1].layout.cls.__name__
-    if tag == OBJECT:
-        return record[1].__name__
-    if tag == PYTREE:
-        return f"pytree {record[1]}"
-    return _CONTAINER_NAMES.get(tag, "Variable")
+jax.tree_util.register_static(GraphDef)
 
 
 def build(graphdef: GraphDef, values: Sequence[Any], copy: bool = False) -> Any:
@@ -126,6 +98,61 @@ def build(graphdef: GraphDef, values: Sequence[Any], copy: bool = False) -> Any:
     if fast is None and not copy:
         graphdef._unflatten = _unflatten_form(graphdef, result, values)
     return result
+
+
+def merge(graphdef: GraphDef, *states: Any, copy: bool = False) -> Any:
+    """Build a new object graph from a `GraphDef` and States (the inverse of `split`).
+
+    Arguments:
+        graphdef: from `split` or `graphdef`.
+        *states: States (or nested dicts) that together hold exactly the paths the
+            graphdef needs. Their Variables are placed in the new graph as they are
+            (their type and metadata win); bare values get new Variables of the type and
+            metadata recorded in the graphdef.
+        copy: put copies of the States' Variables in the graph instead, so that the new
+            graph shares no Variable with the States (or the graph they came from).
+
+    Returns:
+        The new graph: new Modules, shared where the original was.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, merge, split
+        >>> class Tied(Module):
+        ...     def __init__(self):
+        ...         self.encoder = Param(jnp.ones(2))
+        ...         self.decoder = self.encoder
+        >>> model = merge(*split(Tied()))
+        >>> model.encoder is model.decoder
+        True
+    """
+    if not isinstance(graphdef, GraphDef):
+        raise TypeError(
+            f"merge expects a GraphDef first (from `split`), got {type(graphdef).__name__}. "
+            "Call it as `merge(graphdef, state, ...)`."
+        )
+    if len(states) == 1 and isinstance(states[0], State):
+        flat_form = states[0]._flat_form()
+        if flat_form is not None and flat_form[0] is graphdef.paths:
+            # The State `split` made with this very graphdef: its leaves are in order.
+            return build(graphdef, flat_form[1], copy=copy)
+    flat: dict[Path, Any] = {}
+    for part in states:
+        if not isinstance(part, Mapping):
+            raise TypeError(f"merge expects States after the GraphDef, got {type(part).__name__}.")
+        flat.update(part.flat_state() if isinstance(part, State) else State(part).flat_state())
+    missing = [path for path in graphdef.paths if path not in flat]
+    if missing or len(flat) != graphdef.num_leaves:
+        expected = set(graphdef.paths)
+        extra = [path for path in flat if path not in expected]
+        raise ValueError(
+            "merge: the States do not match the GraphDef. "
+            + (f"Missing paths: {missing}. " if missing else "")
+            + (f"Paths the GraphDef does not have: {extra}. " if extra else "")
+            + "Pass every State that `split` returned for this graphdef, and no others."
+        )
+    return build(graphdef, [flat[path] for path in graphdef.paths], copy=copy)
 
 
 def _all_variables(values: Sequence[Any], positions: tuple[int, ...]) -> bool:
@@ -153,17 +180,15 @@ def _variable_positions(record: tuple) -> tuple[int, ...] | None:
     stack = [record]
     while stack:
         record = stack.pop()
-        tag = record[0]
+        tag = record.tag
         if tag == VARIABLE:
-            positions.append(record[3])
+            positions.append(record.position)
         elif tag == MODULE:
-            if record[4]:
+            if record.early:
                 return None
-            stack.extend(record[3])
-        elif tag in (LIST, TUPLE):
-            stack.extend(record[1])
-        elif tag == DICT:
-            stack.extend(record[2])
+            stack.extend(record.children)
+        elif tag in (LIST, TUPLE, DICT):
+            stack.extend(record.children)
         elif tag in (SHARED, OBJECT, PYTREE):
             return None
     return tuple(sorted(positions))
@@ -179,7 +204,7 @@ def check_writable(obj: Any) -> None:
     That happens when the object was captured (not passed) by a function that is itself
     being transformed: the new values are tracers of that function's trace.
     """
-    token = obj._trace if isinstance(obj, Variable) else obj._pm_trace
+    token = obj._pg_trace if isinstance(obj, Variable) else trace_of(obj)
     if not same_trace(token):
         raise TraceContextError(
             f"Cannot write the changes made inside a pytree_graph transform back to a "
@@ -213,41 +238,40 @@ class Builder:
 
     def visit(self, record: tuple) -> Any:
         """The object (or value) `record` describes."""
-        tag = record[0]
+        tag = record.tag
         if tag == VARIABLE:
-            return self._variable(*record[1:])
+            return self._variable(record.kind, record.index, record.position)
         if tag == MODULE:
-            _, entry, index, children, early = record
-            if early or index in self.reuse:
-                return self._module_in_place(entry, index, children)
-            module = entry(tuple(map(self.visit, children)))
-            self.objects[index] = module
+            if record.early or record.index in self.reuse:
+                return self._module_in_place(record.entry, record.index, record.children)
+            module = record.entry(tuple(map(self.visit, record.children)))
+            self.objects[record.index] = module
             return module
         if tag == LEAF:
-            return self.values[record[1]]
+            return self.values[record.position]
         if tag == SHARED:
-            return self.objects[record[1]]
+            return self.objects[record.index]
         if tag == STATIC:
-            return record[1].value
+            return record.static.value
         if tag == LIST:
-            return list(map(self.visit, record[1]))
+            return list(map(self.visit, record.children))
         if tag == TUPLE:
-            return tuple(map(self.visit, record[1]))
+            return tuple(map(self.visit, record.children))
         if tag == DICT:
-            return dict(zip(record[1], map(self.visit, record[2]), strict=True))
+            return dict(zip(record.keys, map(self.visit, record.children), strict=True))
         if tag == PYTREE:
-            return record[1].unflatten(list(map(self.visit, record[2])))
-        return self._object(*record[1:])
+            return record.treedef.unflatten(list(map(self.visit, record.children)))
+        return self._object(record.cls, record.index, record.attributes)
 
     def _variable(self, kind: Any, index: int, position: int) -> Variable:
         value = self.values[position]
         existing = self.reuse.get(index)
         if existing is not None:
             check_writable(existing)
-            mutations.count += 1
             if isinstance(value, Variable):
                 value = value.value
             _set_variable(existing, ((value,), kind))
+            touch()
             variable = existing
         elif isinstance(value, Variable):
             variable = value.copy() if self.copy else value
@@ -261,15 +285,15 @@ class Builder:
         # can refer back to it (cycles).
         obj = self.reuse.get(index)
         if obj is None:
-            obj = object.__new__(cls)
-            _set_trace(obj, current_trace_token())
+            obj = blank_instance(cls)
         else:
             check_writable(obj)
-            mutations.count += 1
             vars(obj).clear()
         self.objects[index] = obj
         for name, child in attributes:
             object.__setattr__(obj, name, self.visit(child))
+        if index in self.reuse:
+            touch()
         return obj
 
     def _module_in_place(self, entry: Any, index: int, records: tuple) -> Module:
@@ -277,22 +301,11 @@ class Builder:
         # cycle), or one of the caller's Modules being updated: it exists before its
         # children are built, and gets its attributes after, as its treedef entry would
         # have given them.
-        layout = entry.layout
         module = self.reuse.get(index)
         if module is None:
-            module = object.__new__(layout.cls)
-            _set_trace(module, current_trace_token())
+            module = blank_instance(entry.layout.cls)
         else:
             check_writable(module)
-            mutations.count += 1
         self.objects[index] = module
-        children = tuple(map(self.visit, records))
-        attributes = module.__dict__
-        attributes.clear()
-        attributes.update(zip(layout.data_keys, children, strict=True))
-        for key, value, unhashable in zip(
-            layout.static_keys, entry.statics, layout.unhashable, strict=True
-        ):
-            attributes[key] = copy.copy(value) if unhashable else value
-        _set_flat(module, (children, entry))
+        rebuild_into(module, entry, tuple(map(self.visit, records)))
         return module

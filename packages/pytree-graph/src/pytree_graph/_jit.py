@@ -8,14 +8,17 @@ import jax
 from jax.sharding import PartitionSpec, Sharding
 
 from pytree_module import Module, data, static
-from pytree_transforms._method import BindsAsMethod
+from pytree_module.extend import flat_form, is_pytree_class
+from pytree_transforms.extend import BindsAsMethod
 
 from ._aliases import check_one_spec, lift_recording_aliases
-from ._argument_specs import NO_ENTRY, ArgumentSpecs, SpecTable
-from ._boundary import _ONLY_AN_ARRAY, VALUES, Call, Inside, Outcome, Reordered, in_leaf_order
+from ._argument_specs import NO_ENTRY, PerArgumentSpecs, SpecTable
+from ._boundary import Call, Inside, Reordered, in_leaf_order
 from ._error_names import rename_in_error
+from ._errors import check_callable
 from ._graphdef import GraphDef
 from ._lift_cache import lift_cache
+from ._outcome import NOTHING_CHANGED, Outcome, ValuesChanged
 
 
 class _GraphJit(BindsAsMethod):
@@ -34,17 +37,17 @@ class _GraphJit(BindsAsMethod):
         layout = (
             None
             if in_shardings is None and out_shardings is None
-            else _Layout(call, in_shardings, out_shardings)
+            else _Shardings(call, in_shardings, out_shardings)
         )
 
         def pure(graphdef: GraphDef | Reordered, values: list[Any]) -> Any:
             if layout is None:
                 inside = Inside(graphdef, values)
-                return inside.outcome(call.run(inside.tree))
+                return inside.finish(call.run(inside.tree))
             graphdef, values = in_leaf_order(graphdef, values)  # where the paths are
             inside = Inside(graphdef, layout.inputs(graphdef, values))
             layout.check_shared(inside)
-            outcome, out_values = inside.outcome(call.run(inside.tree))
+            outcome, out_values = inside.finish(call.run(inside.tree))
             return outcome, layout.outputs(inside, outcome, out_values)
 
         def pure_donating(graphdef: GraphDef, donated: list[Any], kept: list[Any], mask: tuple):
@@ -62,8 +65,8 @@ class _GraphJit(BindsAsMethod):
         if (
             args
             and isinstance(args[0], Module)
-            and args[0]._pm_flat[1] is None
-            and type(args[0]).__module_pytree__
+            and flat_form(args[0])[1] is None
+            and is_pytree_class(type(args[0]))
         ):
             return self._initialise(args[0], args[1:], kwargs)
         found = lift_cache.find(self._call.tree(args, kwargs))
@@ -73,7 +76,7 @@ class _GraphJit(BindsAsMethod):
             except Exception as error:
                 self._rename_in_error(error, found, None)
                 raise
-            if outcome is _ONLY_AN_ARRAY:  # the usual forward pass: nothing to write back
+            if outcome is NOTHING_CHANGED:  # the usual forward pass: one array out, no writes
                 return values[0]
             return found.lifted().apply(outcome, values)
         lifted = found.lifted()
@@ -139,7 +142,7 @@ class _GraphJit(BindsAsMethod):
             functools.update_wrapper(construct, self._fun)
             constructor = self._constructors[cls] = _GraphJit(construct, dict(self._jit_kwargs))
         built = constructor(*args, **kwargs)
-        data_keys = built._pm_flat[1].layout.data_keys
+        data_keys = flat_form(built)[1].layout.data_keys
         # Wrapped, so that each attribute keeps the status it got inside.
         for name, value in vars(built).items():
             setattr(module, name, data(value) if name in data_keys else static(value))
@@ -203,8 +206,7 @@ def jit(fun: Callable[..., Any] | None = None, **jit_kwargs: Any) -> Any:
             raise TypeError(f"pytree_graph.jit does not take `{option}`: {why}")
     if fun is None:
         return functools.partial(jit, **jit_kwargs)
-    if not callable(fun):
-        raise TypeError(f"jit expects a function, got {type(fun).__name__}: {fun!r}.")
+    check_callable(fun, "jit")
     return _GraphJit(fun, jit_kwargs)
 
 
@@ -239,7 +241,7 @@ def _constrain(value: Any, sharding: Any) -> Any:
     return jax.lax.with_sharding_constraint(value, sharding)
 
 
-class _Layout:
+class _Shardings:
     """A graph jit's `in_shardings` and `out_shardings`, as constraints on traced values.
 
     They are resolved to one sharding per value while tracing, from the values' paths, so
@@ -253,7 +255,7 @@ class _Layout:
         self.given = (
             None
             if in_shardings is None
-            else ArgumentSpecs(
+            else PerArgumentSpecs(
                 "pytree_graph.jit", "in_shardings", in_shardings, _is_sharding, _SHARDING
             )
         )
@@ -297,7 +299,7 @@ class _Layout:
     def outputs(self, inside: Inside, outcome: Outcome, values: list[Any]) -> list[Any]:
         """The values the call returns (written Variables, then the output's), laid out."""
         after = inside.after
-        if outcome.form == VALUES:  # the Variables written, by leaf position
+        if type(outcome) is ValuesChanged:  # the Variables written, by leaf position
             written = [after.paths[position] for position in outcome.changed]
         else:  # the whole graph of the arguments, described again
             written = after.paths[: after.num_leaves]

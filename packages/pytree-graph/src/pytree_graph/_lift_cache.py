@@ -6,7 +6,7 @@ usually only Variable values change. So a walk is kept, keyed by the identity of
 objects at the top of the call (held weakly: the entry goes when one of them does), and
 reused when checks that read one slot per object find nothing changed:
 
-- every pytree Module's flattened form (`_pm_flat`) is the very tuple seen last time:
+- every pytree Module's flattened form (`flat_form`) is the very tuple seen last time:
   pytree_module makes a new one on every assignment, so the same tuple means the same
   children and static attributes;
 - every `pytree=False` object has the same attribute names, bound to the same objects;
@@ -16,22 +16,33 @@ reused when checks that read one slot per object find nothing changed:
 Then only the Variables' values, and the arrays at the top of the call, are read anew.
 Graphs holding other pytree nodes, whose mutability no such check can see, are walked
 every time.
+
+The checks of Modules, Variables and `pytree=False` objects run only when
+`pytree_module.extend.mutations.count` moved since the last call: so every structural
+write, in any package, must end with `pytree_module.extend.touch()`. To prove no writer
+forgets, set the environment variable `PYTREE_GRAPH_CHECK_LIFT_CACHE=1` (read once, at
+import): every cache hit is then walked again and compared with the cached walk, and a
+difference raises `StaleLiftCacheError` naming the stale object (slow; for tests).
 """
 
+import os
 import weakref
 from operator import attrgetter, is_, itemgetter
 from typing import Any
 
+from pytree_filter import SHAPED_TYPES, path_text
 from pytree_module import Module
-from pytree_module._module import mutations
-from pytree_module._status import _ARRAY_TYPES
+from pytree_module.extend import flat_form, is_pytree_class, mutations
 
 from ._boundary import Lifted, Reordered
 from ._static import static_key
 from ._traverse import GraphWalk
 from ._variables import Variable
 
-_get_flat = attrgetter("_pm_flat")
+# Re-walk every cache hit and compare (see the module docstring).
+CHECK_HITS = os.environ.get("PYTREE_GRAPH_CHECK_LIFT_CACHE", "") not in ("", "0")
+
+_get_flat = flat_form
 _get_variable_flat = attrgetter("_pg_flat")
 _first = itemgetter(0)
 _second = itemgetter(1)
@@ -88,7 +99,7 @@ def _key_of_item(value: Any, roots: list[Any], arrays: list[Any]) -> Any:
     if isinstance(value, _GRAPH_NODES):
         roots.append(value)
         return None
-    if isinstance(value, _ARRAY_TYPES):
+    if isinstance(value, SHAPED_TYPES):
         _array_types.add(kind)  # its exact type, checked first next time
         arrays.append(value)
         return _ARRAY
@@ -99,10 +110,52 @@ _GRAPH_NODES = (Module, Variable)
 _array_types: set[type] = set()
 
 
+class StaleLiftCacheError(AssertionError):
+    """A cache hit whose cached walk differs from a new walk of the same objects: some
+    structural write did not call `pytree_module.extend.touch()`."""
+
+
+def _check_hit(tree: Any, source: "_Source") -> None:
+    """Walk `tree` again; raise `StaleLiftCacheError` if `source`'s cached walk differs."""
+    walk = GraphWalk(record_shared=True)
+    graphdef = walk.graphdef(tree)
+    cached_objects = source.objects()
+    assert walk.shared_paths is not None
+    for index, (now, cached) in enumerate(zip(walk.objects, cached_objects, strict=False)):
+        if now is not cached:
+            path = path_text(walk.shared_paths[index][0])
+            raise StaleLiftCacheError(
+                f"Stale lift cache hit: the object at {path} is now a {type(now).__name__}, "
+                f"the cached walk had a {type(cached).__name__} there. A write changed the "
+                "graph without calling `pytree_module.extend.touch()`."
+            )
+    cached = source.entry.graphdef
+    leaves = source.leaves()
+    if graphdef == cached and all(map(is_, walk.leaves, leaves)):
+        return
+    # Name the first leaf whose path or object differs (or the whole tree, if none does).
+    near = next(
+        (
+            path_text(path)
+            for path, was, leaf, cached_leaf in zip(
+                graphdef.paths, cached.paths, walk.leaves, leaves, strict=False
+            )
+            if path != was or leaf is not cached_leaf
+        ),
+        f"the tree ({type(tree).__name__})",
+    )
+    raise StaleLiftCacheError(
+        f"Stale lift cache hit: the graph changed since the cached walk (structure, static "
+        f"attributes or Variable metadata), near {near}. A write changed it without "
+        "calling `pytree_module.extend.touch()`."
+    )
+
+
 class Checks:
     """What a walk met, recorded so that a later call can check nothing changed.
 
-    The GraphWalk calls `variable`, `module`, `array` and `container` as it goes.
+    It implements `_traverse.WalkObserver`: the GraphWalk calls `variable`, `module`,
+    `array` and `container` as it goes.
     """
 
     def __init__(self, roots: list[Any]):
@@ -138,15 +191,15 @@ class Checks:
             self.root_variables.append((number, position))
 
     def module(self, module: Module, index: int, depth: int) -> None:
-        if type(module).__module_pytree__:
-            held = module._pm_flat
+        if is_pytree_class(type(module)):
+            held = flat_form(module)
         else:
             attributes = vars(module)
             held = (tuple(attributes), tuple(attributes.values()))
         number = self._root(module, index, depth)
         if number is not None:
             self.root_checks.append((number, held))
-        elif type(module).__module_pytree__:
+        elif is_pytree_class(type(module)):
             self.modules.append(module)
             self.flats.append(held)
         else:
@@ -229,8 +282,8 @@ class _Entry:
             if isinstance(root, Variable):
                 if root._pg_flat[1] is not held:
                     return False
-            elif type(root).__module_pytree__:
-                if root._pm_flat is not held:
+            elif is_pytree_class(type(root)):
+                if flat_form(root) is not held:
                     return False
             elif not _same_attributes(root, held):
                 return False
@@ -319,6 +372,8 @@ class LiftCache:
         if entry is not None:
             source = entry.source(roots, arrays)
             if source is not None:
+                if CHECK_HITS:
+                    _check_hit(tree, source)
                 return source
         return self._walk(key, tree, roots, arrays)
 

@@ -1,4 +1,4 @@
-"""`remat` and `eval_shape` for functions of object graphs."""
+"""`remat`: `jax.checkpoint` for functions of object graphs."""
 
 import functools
 from collections.abc import Callable
@@ -6,10 +6,10 @@ from typing import Any
 
 import jax
 
-from pytree_transforms._method import BindsAsMethod
+from pytree_transforms.extend import BindsAsMethod
 
 from ._boundary import Call, Inside, Lifted
-from ._graphdef import Builder
+from ._errors import check_callable
 
 
 class _GraphRemat(BindsAsMethod):
@@ -26,7 +26,7 @@ class _GraphRemat(BindsAsMethod):
 
         def pure(values: list[Any]) -> Any:
             inside = Inside(lifted.graphdef, values)
-            return inside.outcome(call.run(inside.tree))
+            return inside.finish(call.run(inside.tree))
 
         outcome, values = jax.checkpoint(pure, **self._checkpoint_kwargs)(lifted.values)
         return lifted.apply(outcome, values)
@@ -67,45 +67,5 @@ def remat(
     """
     if fun is None:
         return functools.partial(remat, prevent_cse=prevent_cse, policy=policy)
-    if not callable(fun):
-        raise TypeError(f"remat expects a function, got {type(fun).__name__}: {fun!r}.")
+    check_callable(fun, "remat")
     return _GraphRemat(fun, {"prevent_cse": prevent_cse, "policy": policy})
-
-
-def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """The output of `fun(*args, **kwargs)` with shapes and dtypes only, computing nothing.
-
-    As `jax.eval_shape`, but the output may hold Modules and Variables: they come back
-    holding `jax.ShapeDtypeStruct`s. This is how to see the parameters a model would have
-    without allocating them. The objects passed in are left as they are.
-
-    Arguments:
-        fun: the function.
-        *args: its positional arguments (may hold Modules and Variables).
-        **kwargs: its keyword arguments.
-
-    Returns:
-        The output, with every array replaced by a `jax.ShapeDtypeStruct`.
-
-    Examples:
-        >>> import jax.numpy as jnp
-        >>> from pytree_module import Module
-        >>> from pytree_graph import Param, eval_shape
-        >>> class Linear(Module):
-        ...     def __init__(self, n):
-        ...         self.w = Param(jnp.ones((n, n)))
-        >>> eval_shape(lambda: Linear(1000)).w.value
-        ShapeDtypeStruct(shape=(1000, 1000), dtype=float32)
-    """
-    call = Call(fun)
-    lifted = Lifted(call.tree(args, kwargs))
-
-    def pure(values: list[Any]) -> Any:
-        inside = Inside(lifted.graphdef, values)
-        return inside.outcome(call.run(inside.tree), full=True)
-
-    outcome, values = jax.eval_shape(pure, lifted.values)
-    # New objects throughout, the arguments' included, so the output holds no array.
-    builder = Builder(values, [None] * outcome.num_objects)
-    builder.visit(outcome.args)
-    return builder.visit(outcome.out)

@@ -8,11 +8,12 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, PartitionSpec
 
-from pytree_transforms._method import BindsAsMethod
+from pytree_transforms.extend import BindsAsMethod
 
 from ._aliases import check_one_spec, lift_recording_aliases
-from ._argument_specs import ArgumentSpecs
+from ._argument_specs import PerArgumentSpecs
 from ._boundary import Call, Inside, holds_graph_nodes
+from ._errors import check_callable
 from ._sharding import spec_of
 
 
@@ -28,7 +29,7 @@ class _GraphShardMap(BindsAsMethod):
         shard_map_kwargs: dict[str, Any],
     ):
         self._call = Call(fun)
-        self._in_specs = ArgumentSpecs(
+        self._in_specs = PerArgumentSpecs(
             "shard_map",
             "in_specs",
             in_specs,
@@ -69,8 +70,8 @@ class _GraphShardMap(BindsAsMethod):
                     "shard_map, change the objects passed in place (the changes are "
                     "written back) and return arrays."
                 )
-            after, outcome, _ = inside.fixed_outcome(None, "shard_map")
-            return after, outcome, out
+            outcome, values = inside.finish(None, structure="fixed", transform="shard_map")
+            return values, outcome, out
 
         values, outcome, out = jax.shard_map(
             per_device,
@@ -79,7 +80,7 @@ class _GraphShardMap(BindsAsMethod):
             out_specs=(specs, PartitionSpec(), self._out_specs),
             **self._kwargs,
         )(lifted.values)
-        lifted.write_changes(outcome, values)
+        lifted.apply(outcome, values)
         return out
 
 
@@ -137,8 +138,7 @@ def shard_map(
         return functools.partial(
             shard_map, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **shard_map_kwargs
         )
-    if not callable(fun):
-        raise TypeError(f"shard_map expects a function, got {type(fun).__name__}: {fun!r}.")
+    check_callable(fun, "shard_map")
     if mesh is not None and not isinstance(mesh, Mesh | jax.sharding.AbstractMesh):
         raise TypeError(f"shard_map: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}.")
     return _GraphShardMap(fun, mesh, in_specs, out_specs, shard_map_kwargs)

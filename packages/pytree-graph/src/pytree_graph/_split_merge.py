@@ -5,14 +5,16 @@ from typing import Any
 
 import numpy as np
 
+from pytree_filter import path_text
 from pytree_module import Module
+from pytree_module.extend import is_frozen_class
 
 from ._boundary import Lifted, value_of
 from ._graphdef import GraphDef, build
 from ._lift_cache import lift_cache
 from ._refs import update_refs
 from ._state import Path, State, _partition
-from ._traverse import GraphWalk, check_graph, show_path
+from ._traverse import GraphWalk, check_graph
 from ._variables import Variable
 
 
@@ -128,61 +130,6 @@ def graphdef(node: Any) -> GraphDef:
     return result
 
 
-def merge(graphdef: GraphDef, *states: Any, copy: bool = False) -> Any:
-    """Build a new object graph from a `GraphDef` and States (the inverse of `split`).
-
-    Arguments:
-        graphdef: from `split` or `graphdef`.
-        *states: States (or nested dicts) that together hold exactly the paths the
-            graphdef needs. Their Variables are placed in the new graph as they are
-            (their type and metadata win); bare values get new Variables of the type and
-            metadata recorded in the graphdef.
-        copy: put copies of the States' Variables in the graph instead, so that the new
-            graph shares no Variable with the States (or the graph they came from).
-
-    Returns:
-        The new graph: new Modules, shared where the original was.
-
-    Examples:
-        >>> import jax.numpy as jnp
-        >>> from pytree_module import Module
-        >>> from pytree_graph import Param, merge, split
-        >>> class Tied(Module):
-        ...     def __init__(self):
-        ...         self.encoder = Param(jnp.ones(2))
-        ...         self.decoder = self.encoder
-        >>> model = merge(*split(Tied()))
-        >>> model.encoder is model.decoder
-        True
-    """
-    if not isinstance(graphdef, GraphDef):
-        raise TypeError(
-            f"merge expects a GraphDef first (from `split`), got {type(graphdef).__name__}. "
-            "Call it as `merge(graphdef, state, ...)`."
-        )
-    if len(states) == 1 and isinstance(states[0], State):
-        flat_form = states[0]._flat_form()
-        if flat_form is not None and flat_form[0] is graphdef.paths:
-            # The State `split` made with this very graphdef: its leaves are in order.
-            return build(graphdef, flat_form[1], copy=copy)
-    flat: dict[Path, Any] = {}
-    for part in states:
-        if not isinstance(part, Mapping):
-            raise TypeError(f"merge expects States after the GraphDef, got {type(part).__name__}.")
-        flat.update(part.flat_state() if isinstance(part, State) else State(part).flat_state())
-    missing = [path for path in graphdef.paths if path not in flat]
-    if missing or len(flat) != graphdef.num_leaves:
-        expected = set(graphdef.paths)
-        extra = [path for path in flat if path not in expected]
-        raise ValueError(
-            "merge: the States do not match the GraphDef. "
-            + (f"Missing paths: {missing}. " if missing else "")
-            + (f"Paths the GraphDef does not have: {extra}. " if extra else "")
-            + "Pass every State that `split` returned for this graphdef, and no others."
-        )
-    return build(graphdef, [flat[path] for path in graphdef.paths], copy=copy)
-
-
 def clone(node: Any) -> Any:
     """A copy of an object graph with new Modules and Variables, and the same sharing.
 
@@ -235,7 +182,7 @@ def _locate(node: Any, path: Path) -> tuple[Any, Any]:
             child = _child(parent, key)
         except (AttributeError, KeyError, IndexError, TypeError):
             raise ValueError(
-                f"update: the graph has nothing at {show_path(path[: depth + 1])}, a path "
+                f"update: the graph has nothing at {path_text(path[: depth + 1])}, a path "
                 "of the State. Use a State taken from this graph (or one of the same "
                 "structure)."
             ) from None
@@ -247,7 +194,7 @@ def _locate(node: Any, path: Path) -> tuple[Any, Any]:
 def _can_assign(parent: Any, key: Any) -> bool:
     if isinstance(parent, Module):
         # A frozen Module refuses assignment after __init__: find out before writing anything.
-        return not type(parent).__module_frozen__
+        return not is_frozen_class(type(parent))
     return isinstance(parent, list | dict) or (
         isinstance(key, str) and not isinstance(parent, tuple)
     )
@@ -308,7 +255,7 @@ def update(node: Any, *states: Any) -> None:
             if not isinstance(current, Variable) and not _can_assign(parent, path[-1]):
                 frozen = " (a frozen Module)" if isinstance(parent, Module) else ""
                 raise ValueError(
-                    f"update: the array at {show_path(path)} is inside a "
+                    f"update: the array at {path_text(path)} is inside a "
                     f"{type(parent).__name__}{frozen}, which cannot be changed in place. "
                     "Hold it in a Variable, a list or a dict instead, or build a new graph "
                     "with `merge`."
@@ -364,7 +311,7 @@ def pop(node: Any, *filters: Any) -> Any:
                 parent, _ = _locate(node, path)
                 if not isinstance(parent, Module | dict):
                     raise ValueError(
-                        f"pop: the {type(leaf).__name__} at {show_path(path)} is inside a "
+                        f"pop: the {type(leaf).__name__} at {path_text(path)} is inside a "
                         f"{type(parent).__name__}, whose items cannot be removed one by one. "
                         "Keep such Variables in Module attributes or dicts."
                     )

@@ -6,11 +6,9 @@ from typing import Any
 import jax
 from jax.tree_util import DictKey
 
-from pytree_filter import Everything, to_predicate
+from pytree_filter import Everything, Path, to_predicate
 
 from ._variables import Variable
-
-Path = tuple[Any, ...]
 
 
 class State(MutableMapping):

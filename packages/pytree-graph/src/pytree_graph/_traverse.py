@@ -1,15 +1,21 @@
-"""Walking a live object graph: its `GraphDef`, its Variables and arrays, shared objects."""
+"""Walking a live object graph: its `GraphDef`, its Variables and arrays, shared objects.
+
+`GraphWalk` makes the records (`_records`) of a graph; a `WalkObserver` (the lift
+cache's `Checks`) may watch a walk, to learn what a later call must check unchanged.
+`iter_graph` and `find_duplicates` are the public walks.
+"""
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 
-from pytree_filter import path_keys
+from pytree_filter import SHAPED_TYPES, Path, path_keys, path_text
 from pytree_module import Module
-from pytree_module._status import _ARRAY_TYPES
+from pytree_module.extend import flat_form, is_pytree_class
 
-from ._graphdef import (
+from ._graphdef import GraphDef
+from ._records import (
     DICT,
     LEAF,
     LIST,
@@ -20,12 +26,19 @@ from ._graphdef import (
     STATIC,
     TUPLE,
     VARIABLE,
-    GraphDef,
+    DictRecord,
+    LeafRecord,
+    ListRecord,
+    ModuleRecord,
+    ObjectRecord,
+    PytreeRecord,
+    SharedRecord,
+    StaticRecord,
+    TupleRecord,
+    VariableRecord,
 )
 from ._static import Static
 from ._variables import Variable
-
-Path = tuple[Any, ...]
 
 # Static values common enough to skip asking JAX whether they are pytrees.
 _PLAIN_STATICS = frozenset({bool, int, float, complex, str, bytes})
@@ -34,6 +47,27 @@ _PLAIN_STATICS = frozenset({bool, int, float, complex, str, bytes})
 def _stops(value: Any) -> bool:
     """Where a generic pytree flatten must stop: at graph nodes, which keep identity."""
     return isinstance(value, Module | Variable)
+
+
+class WalkObserver(Protocol):
+    """What a `GraphWalk` tells an observer as it goes (the lift cache's `Checks`).
+
+    `depth` is 0 for what sits at the top of the walked tree, outside any object.
+    """
+
+    cacheable: bool  # set to False by the walk when it meets what no check can watch
+
+    def variable(self, variable: Variable, index: int, position: int, depth: int) -> None:
+        """A Variable, first met: object `index`, leaf `position`."""
+
+    def module(self, module: Module, index: int, depth: int) -> None:
+        """A Module (pytree or not), first met: object `index`."""
+
+    def array(self, position: int, depth: int) -> None:
+        """An array (or shape struct): leaf `position`."""
+
+    def container(self, container: Any, depth: int) -> None:
+        """A list or dict (mutable without telling anyone)."""
 
 
 class GraphWalk:
@@ -48,7 +82,12 @@ class GraphWalk:
         order: when `record_order`, `(path, value)` of every node and leaf, post-order.
     """
 
-    def __init__(self, record_shared: bool = False, record_order: bool = False, checks: Any = None):
+    def __init__(
+        self,
+        record_shared: bool = False,
+        record_order: bool = False,
+        checks: WalkObserver | None = None,
+    ):
         self.leaves: list[Any] = []
         self.paths: list[Path] = []
         self.index: dict[int, int] = {}
@@ -60,8 +99,7 @@ class GraphWalk:
         self.early: set[int] = set()  # pytree Modules that merge must make before children
         self.shared_paths: dict[int, list[Path]] | None = {} if record_shared else None
         self.order: list[tuple[Path, Any]] | None = [] if record_order else None
-        # When set (a `_lift_cache.Checks`), told of every object and mutable container
-        # met, and of the array leaves met outside any object (`depth` 0).
+        # When set, told of every object, leaf and mutable container met.
         self.checks = checks
         self.depth = 0
 
@@ -95,35 +133,35 @@ class GraphWalk:
         if isinstance(value, Variable):
             found = self._seen(value, path)
             if found is not None:
-                return (SHARED, found)
+                return SharedRecord(SHARED, found)
             i = self._new_index(value, path)
             position = self._leaf(value, path)
             if self.checks is not None:
                 self.checks.variable(value, i, position, self.depth)
-            return (VARIABLE, value._pg_flat[1], i, position)
+            return VariableRecord(VARIABLE, value._pg_flat[1], i, position)
         if isinstance(value, Module):
             return self._module(value, path)
         # Arrays are state; so are shape structs (pytree_module's array types include them),
         # so that `eval_shape` results split too.
-        if isinstance(value, _ARRAY_TYPES):
+        if isinstance(value, SHAPED_TYPES):
             position = self._leaf(value, path)
             if self.checks is not None:
                 self.checks.array(position, self.depth)
-            return (LEAF, position)
+            return LeafRecord(LEAF, position)
         kind = type(value)
         if kind is list:
             if self.checks is not None:
                 self.checks.container(value, self.depth)
-            return (LIST, tuple(self.visit(v, (*path, i)) for i, v in enumerate(value)))
+            return ListRecord(LIST, tuple(self.visit(v, (*path, i)) for i, v in enumerate(value)))
         if kind is tuple:
-            return (TUPLE, tuple(self.visit(v, (*path, i)) for i, v in enumerate(value)))
+            return TupleRecord(TUPLE, tuple(self.visit(v, (*path, i)) for i, v in enumerate(value)))
         if kind is dict:
             if self.checks is not None:
                 self.checks.container(value, self.depth)
             keys = tuple(value)
-            return (DICT, keys, tuple(self.visit(value[k], (*path, k)) for k in keys))
+            return DictRecord(DICT, keys, tuple(self.visit(value[k], (*path, k)) for k in keys))
         if value is None or kind in _PLAIN_STATICS:
-            return (STATIC, Static(value))
+            return StaticRecord(STATIC, Static(value))
         return self._other(value, path)
 
     def _module(self, module: Module, path: Path) -> tuple:
@@ -137,30 +175,30 @@ class GraphWalk:
             elif opened_at is not None:
                 raise ValueError(
                     f"The object graph has a cycle through {type(module).__name__} at "
-                    f"{show_path(path)}, a pytree Module: pytree Modules must form a tree "
+                    f"{path_text(path)}, a pytree Module: pytree Modules must form a tree "
                     "(JAX flattens them recursively). Declare one class on the cycle with "
                     f"`pytree=False` (e.g. `class {type(module).__name__}(Module, "
                     "pytree=False)`): graph functions handle cycles through those."
                 )
-            return (SHARED, found)
+            return SharedRecord(SHARED, found)
         i = self._new_index(module, path)
         cls = type(module)
         if self.checks is not None:
             self.checks.module(module, i, self.depth)
         self.depth += 1
-        if cls.__module_pytree__:
+        if is_pytree_class(cls):
             self.open[id(module)] = self.objects_entered
-            children, entry = module._pm_flat
+            children, entry = flat_form(module)
             records = tuple(
                 self.visit(child, (*path, key))
                 for key, child in zip(entry.layout.data_keys, children, strict=True)
             )
             del self.open[id(module)]
-            record = (MODULE, entry, i, records, i in self.early)
+            record: tuple = ModuleRecord(MODULE, entry, i, records, i in self.early)
         else:
             self.objects_entered += 1
             attributes = sorted(vars(module).items())
-            record = (
+            record = ObjectRecord(
                 OBJECT,
                 cls,
                 i,
@@ -179,17 +217,17 @@ class GraphWalk:
                 hash(value)
             except TypeError:
                 raise TypeError(
-                    f"The value at {show_path(path)} ({type(value).__name__}) is kept in the "
+                    f"The value at {path_text(path)} ({type(value).__name__}) is kept in the "
                     "GraphDef, which must be hashable, but it is not. Store it as an array "
                     "or in a Variable, or make it hashable (a tuple instead of a list, a "
                     "frozen dataclass)."
                 ) from None
-            return (STATIC, Static(value))
+            return StaticRecord(STATIC, Static(value))
         if self.checks is not None:
             # Other pytree nodes may be mutable in ways no check can see cheaply.
             self.checks.cacheable = False
         children = tuple(self.visit(leaf, (*path, *path_keys(p))) for p, leaf in keyed)
-        return (PYTREE, treedef, children)
+        return PytreeRecord(PYTREE, treedef, children)
 
 
 def check_graph(graphdef: GraphDef, node: Any, function: str) -> None:
@@ -199,7 +237,7 @@ def check_graph(graphdef: GraphDef, node: Any, function: str) -> None:
     Raises:
         TypeError: naming `function` and what `node` is.
     """
-    if graphdef.root[0] in (STATIC, LEAF):
+    if graphdef.root.tag in (STATIC, LEAF):
         shown = repr(node)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
         raise TypeError(
@@ -207,17 +245,6 @@ def check_graph(graphdef: GraphDef, node: Any, function: str) -> None:
             f"a Variable, or a list, tuple or dict holding them (or arrays); got {shown}, "
             f"a single value of type {type(node).__name__}. Pass the object that holds it."
         )
-
-
-def show_path(path: Path) -> str:
-    """A path as text, e.g. `.layers[0].w`."""
-    return (
-        "the top level"
-        if not path
-        else "".join(
-            f".{k}" if isinstance(k, str) and k.isidentifier() else f"[{k!r}]" for k in path
-        )
-    )
 
 
 def iter_graph(node: Any) -> Iterator[tuple[Path, Any]]:

@@ -13,8 +13,7 @@ from pytree_module import TraceContextError, register_data_type
 
 # The trace token helpers are shared with pytree_module's own guard, so Modules and
 # Variables agree on what "the same trace" means.
-from pytree_module._module import mutations
-from pytree_module._trace import current_trace_token, same_trace
+from pytree_module.extend import constructor_pdoc, current_trace_token, same_trace, touch
 
 from ._static import static_key
 
@@ -70,7 +69,7 @@ def _kind(cls: type, metadata: Mapping[str, Any]) -> _Kind:
 
 
 def _guard(variable: "Variable", what: str) -> None:
-    if not same_trace(variable._trace):
+    if not same_trace(variable._pg_trace):
         raise TraceContextError(
             f"Cannot {what} of a {type(variable).__name__} created outside the current JAX "
             "transform (it was captured, not passed in): the new value would leak a tracer "
@@ -118,10 +117,10 @@ class Variable:
         [[5.0, 5.0, 5.0], [5.0, 5.0, 5.0]]
     """
 
-    __slots__ = ("__weakref__", "_pg_flat", "_trace")
+    __slots__ = ("__weakref__", "_pg_flat", "_pg_trace")
 
     _pg_flat: tuple[tuple[Any], _Kind]
-    _trace: Any
+    _pg_trace: Any
 
     def __init__(self, value: Any, **metadata: Any):
         if isinstance(value, Variable):
@@ -182,7 +181,7 @@ class Variable:
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails: metadata first, then the value's own
         # attributes (`v.shape`, `v.dtype`, `v.T`).
-        if name.startswith("__") or name in ("_pg_flat", "_trace"):
+        if name.startswith("__") or name in ("_pg_flat", "_pg_trace"):
             raise AttributeError(name)
         metadata = self._pg_flat[1].metadata
         if name in metadata:
@@ -208,7 +207,7 @@ class Variable:
             _guard(self, f"set the metadata {name!r}")
             kind = self._pg_flat[1]
             _set_flat(self, (self._pg_flat[0], _kind(kind.cls, {**kind.metadata, name: value})))
-            mutations.count += 1
+            touch()
 
     def __delattr__(self, name: str) -> None:
         kind = self._pg_flat[1]
@@ -217,7 +216,7 @@ class Variable:
         _guard(self, f"delete the metadata {name!r}")
         metadata = {k: v for k, v in kind.metadata.items() if k != name}
         _set_flat(self, (self._pg_flat[0], _kind(kind.cls, metadata)))
-        mutations.count += 1
+        touch()
 
     def __getitem__(self, index: Any) -> Any:
         value = self._pg_flat[0][0]
@@ -284,7 +283,6 @@ class Variable:
         return tree_pformat(self)
 
     def __pdoc__(self, **kwargs: Any) -> Any:
-        from pytree_module._pformat import constructor_pdoc
 
         return constructor_pdoc(self, [("value", self.value), *self._pg_flat[1].items], **kwargs)
 
@@ -320,7 +318,7 @@ def _a(value: Any) -> str:
 
 
 _set_flat = Variable._pg_flat.__set__  # type: ignore[attr-defined]
-_set_trace = Variable._trace.__set__  # type: ignore[attr-defined]
+_set_trace = Variable._pg_trace.__set__  # type: ignore[attr-defined]
 
 
 def _unary(op: Callable[[Any], Any]) -> Callable[[Variable], Any]:

@@ -6,13 +6,13 @@ from typing import Any
 
 import jax
 
-from pytree_filter import to_predicate
-from pytree_transforms._method import BindsAsMethod
+from pytree_filter import path_text, to_predicate
+from pytree_transforms.extend import BindsAsMethod
 
 from ._aliases import check_one_spec, lift_recording_aliases
 from ._boundary import Call, Inside
+from ._errors import check_callable
 from ._state import check_everything_last, show_filter
-from ._traverse import show_path
 
 
 class StateAxes:
@@ -55,7 +55,7 @@ class StateAxes:
                 return axis
         raise ValueError(
             f"vmap: no filter of {self!r} matches the {type(leaf).__name__} at "
-            f"{show_path(path)}. Every Variable and array of the argument needs an axis: "
+            f"{path_text(path)}. Every Variable and array of the argument needs an axis: "
             "add a filter for it, or end with `...: 0` (or `...: None`)."
         )
 
@@ -139,7 +139,11 @@ class _GraphVmap(BindsAsMethod):
 
         def batched(values: list[Any]) -> Any:
             inside = Inside(lifted.graphdef, values)
-            return inside.fixed_outcome(call.run(inside.tree), "vmap")
+            outcome, values = inside.finish(
+                call.run(inside.tree), structure="fixed", transform="vmap"
+            )
+            # Argument leaves get their in_axes, the output's own values the out_axes.
+            return values[: outcome.num_leaves], outcome, values[outcome.num_leaves :]
 
         try:
             values, outcome, out_values = jax.vmap(
@@ -158,8 +162,7 @@ class _GraphVmap(BindsAsMethod):
                 "BatchStat: 0, ...: None})), or compute it from values that are the same "
                 "for every example."
             ) from error
-        lifted.write_changes(outcome, values)
-        return lifted.build_output(outcome, out_values)
+        return lifted.apply(outcome, values + out_values)
 
 
 def vmap(
@@ -211,6 +214,5 @@ def vmap(
     """
     if fun is None:
         return functools.partial(vmap, in_axes=in_axes, out_axes=out_axes, **vmap_kwargs)
-    if not callable(fun):
-        raise TypeError(f"vmap expects a function, got {type(fun).__name__}: {fun!r}.")
+    check_callable(fun, "vmap")
     return _GraphVmap(fun, in_axes, out_axes, vmap_kwargs)

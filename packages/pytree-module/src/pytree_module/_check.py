@@ -54,7 +54,7 @@ def _check(value: Any, path: str, seen: set[int]) -> None:
 
 def _check_module_attributes(module: Module, path: str, seen: set[int]) -> None:
     cls = type(module)
-    if not cls.__module_pytree__:
+    if not cls.__module_info__.pytree:
         for name, value in repr_items(module):
             _check(value, f"{path}.{name}", seen)
         return

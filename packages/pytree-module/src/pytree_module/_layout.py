@@ -16,19 +16,36 @@ lock, unless another thread stored one first.
 """
 
 import copy
+import itertools
+import linecache
 import operator
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from jax.tree_util import GetAttrKey
 
 from ._static_key import static_key
 from ._trace import current_trace_token, trace_state
 
-# A builder: `entry(children) -> module`, with attributes `layout`, `statics`, `get_data`.
-TreedefEntry = Callable[[Sequence[Any]], Any]
+
+class TreedefEntry(Protocol):
+    """A Module's treedef entry (JAX's "aux data"): the builder of instances of one structure.
+
+    Calling it with the leaves rebuilds an instance without running `__init__`. It is
+    interned per layout and static values, so equal structures share one entry and JAX
+    compares entries by identity.
+    """
+
+    layout: "Layout"
+    """The structure: class, data attribute names, static attribute names."""
+    statics: tuple[Any, ...]
+    """The static attributes' values, in the order of `layout.static_keys`."""
+    get_data: Callable[[dict[str, Any]], tuple[Any, ...]]
+    """Reads the data attributes' values, in the order of `layout.data_keys`, from a `__dict__`."""
+
+    def __call__(self, children: Sequence[Any]) -> Any: ...
 
 
 class SlotSetters(NamedTuple):
@@ -44,6 +61,7 @@ class Layout:
     __slots__ = (
         "_entries",
         "_make_entry",
+        "_set_flat",
         "cls",
         "data_keys",
         "get_data",
@@ -67,9 +85,8 @@ class Layout:
         self.unhashable = unhashable
         self.key_entries = tuple(GetAttrKey(k) for k in data_keys)
         self.get_data = _make_getter(data_keys)
-        self._make_entry = _make_entry_factory(
-            cls, order, data_keys, static_keys, unhashable, setters
-        )
+        self._set_flat = setters.flat
+        self._make_entry = _make_entry_factory(self, order, setters)
         self._entries: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
     def entry(self, values: dict[str, Any]) -> TreedefEntry:
@@ -90,21 +107,32 @@ class Layout:
         found = self._entries.get(key)
         if found is None:
             # Made outside the lock: naming it runs the static values' `__repr__`.
-            made = self._new_entry(statics)
+            shown = ", ".join(f"{k}={v!r}" for k, v in zip(self.static_keys, statics, strict=True))
+            made = self._make_entry(statics, f"{self.cls.__name__}({shown})")
             with _INTERNING:
                 found = self._entries.get(key)
                 if found is None:
                     self._entries[key] = found = made
         return found
 
-    def _new_entry(self, statics: tuple[Any, ...]) -> TreedefEntry:
-        entry = self._make_entry(statics)
-        entry.layout = self
-        entry.statics = statics
-        entry.get_data = self.get_data
-        shown = ", ".join(f"{k}={v!r}" for k, v in zip(self.static_keys, statics, strict=True))
-        entry.__name__ = entry.__qualname__ = f"{self.cls.__name__}({shown})"
-        return entry
+    def rebuild_into(self, module: Any, children: Sequence[Any], entry: TreedefEntry) -> None:
+        """Give `module`, an existing instance of `self.cls`, the attributes `entry` would.
+
+        Its attributes are replaced by the data `children` and the entry's static values
+        (unhashable ones copied, as a rebuild by the entry copies them), and its flattened
+        form becomes `(children, entry)`. `entry` must be one of this layout's entries.
+        This is the generated builder's work, done on an object that already exists: an
+        object graph with cycles needs its objects before their children are built.
+        """
+        children = tuple(children)
+        attributes = module.__dict__
+        attributes.clear()
+        attributes.update(zip(self.data_keys, children, strict=True))
+        for key, value, unhashable in zip(
+            self.static_keys, entry.statics, self.unhashable, strict=True
+        ):
+            attributes[key] = copy.copy(value) if unhashable else value
+        self._set_flat(module, (children, entry))
 
     def __repr__(self) -> str:
         return f"Layout({self.cls.__qualname__}, data={self.data_keys}, static={self.static_keys})"
@@ -120,25 +148,25 @@ def _make_getter(keys: tuple[str, ...]) -> Callable[[dict], tuple]:
 
 
 def _make_entry_factory(
-    cls: type,
-    order: Sequence[str],
-    data_keys: tuple[str, ...],
-    static_keys: tuple[str, ...],
-    unhashable: tuple[bool, ...],
-    setters: "SlotSetters",
-) -> Callable[[tuple], TreedefEntry]:
-    """Generate `factory(statics) -> build`, where `build(children)` rebuilds a module.
+    layout: Layout, order: Sequence[str], setters: SlotSetters
+) -> Callable[[tuple, str], TreedefEntry]:
+    """Generate `make_entry(statics, name)`, which makes a treedef entry of `layout`.
 
     Code is generated once per layout; each set of static values only makes a closure.
     Straight-line code storing each attribute by name is about twice as fast as a generic
     loop, and unflattening is on the hot path of every transform's outputs. The current
     trace is recorded for the trace-level guard.
+
+    The generated source is the whole definition of an entry, the attributes that
+    `TreedefEntry` declares included, so the source that a traceback through a rebuild
+    shows (see the `linecache` entry below) is all there is to read.
     """
-    data_index = {k: i for i, k in enumerate(data_keys)}
-    static_index = {k: i for i, k in enumerate(static_keys)}
-    lines = ["def factory(statics):"]
-    if static_keys:
-        names = ", ".join(f"s{i}" for i in range(len(static_keys)))
+    cls = layout.cls
+    data_index = {k: i for i, k in enumerate(layout.data_keys)}
+    static_index = {k: i for i, k in enumerate(layout.static_keys)}
+    lines = ["def make_entry(statics, name):"]
+    if static_index:
+        names = ", ".join(f"s{i}" for i in range(len(static_index)))
         lines.append(f"    ({names},) = statics")
     lines += ["    def build(children):", "        obj = new(cls)", "        d = obj.__dict__"]
     for key in order:
@@ -146,27 +174,41 @@ def _make_entry_factory(
             value = f"children[{data_index[key]}]"
         else:
             i = static_index[key]
-            value = f"copy(s{i})" if unhashable[i] else f"s{i}"
+            value = f"copy(s{i})" if layout.unhashable[i] else f"s{i}"
         lines.append(f"        d[{key!r}] = {value}")
     token = "trace_state.value" if trace_state is not None else "token()"
     lines += [
         "        set_flat(obj, (children, build))",
         f"        set_trace(obj, {token})",
         "        return obj",
+        "    build.layout = layout",
+        "    build.statics = statics",
+        "    build.get_data = layout.get_data",
+        "    build.__name__ = build.__qualname__ = name",
         "    return build",
     ]
     namespace = {
         "new": object.__new__,
         "copy": copy.copy,
         "cls": cls,
+        "layout": layout,
         "set_flat": setters.flat,
         "set_trace": setters.trace,
         "token": current_trace_token,
         "trace_state": trace_state,
     }
-    # The generated source is built from attribute names only (see the lines above).
-    exec("\n".join(lines), namespace)
-    return namespace["factory"]
+    # The generated source is built from attribute names only (see the lines above). It is
+    # compiled under a name that says what it is, and registered with `linecache`, so a
+    # traceback through a rebuild shows the generated line instead of `<string>`.
+    source = "\n".join(lines) + "\n"
+    filename = f"<pytree_module {cls.__module__}.{cls.__qualname__} builder #{next(_BUILDERS)}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace["make_entry"]
+
+
+# Numbers the generated builders' file names, which must be unique for `linecache`.
+_BUILDERS = itertools.count()
 
 
 _LAYOUTS: dict[tuple, Layout] = {}

@@ -11,8 +11,9 @@ import jax
 
 from ._bound_method import BoundMethod, MethodDescriptor
 from ._errors import TraceContextError
-from ._field import field_converter, field_is_static
-from ._layout import SlotSetters, TreedefEntry, get_layout
+from ._layout import Layout, SlotSetters, TreedefEntry, get_layout
+from ._module_info import ModuleInfo
+from ._mutations import touch
 from ._status import (
     StatusWrapper,
     check_static_value,
@@ -24,9 +25,17 @@ from ._status import (
 from ._trace import current_trace_token, same_trace
 
 # Forced statuses (`data(...)`/`static(...)` assignments) of instances whose `__init__` is
-# running, keyed by `id(instance)`. Presence here is what "still initialising" means. The
-# instance is alive while its entry exists, so its id cannot be reused by another object,
-# and constructions in other threads use other keys.
+# running, keyed by `id(instance)`. Presence here is what "still initialising" means, and
+# `__setattr__` reads it on every assignment.
+# - Keyed by id, not by the instance: a subclass may define `__eq__`/`__hash__` that read
+#   attributes `__init__` has not set yet, and hashing by id runs no user code. The instance
+#   is alive while its entry exists, so its id cannot be reused by another object, and
+#   constructions in other threads (or nested ones, a Module built inside another's
+#   `__init__`) use other keys.
+# - Not a slot on the instance: instances made without `__init__` (rebuilt by a treedef
+#   entry, unpickled, copied) would all need it set, on the unflatten hot path.
+# - Cleanup: only `_ModuleMeta.__call__` adds an entry, and its `try`/`finally` removes it
+#   however `__init__` or `_finish_init` ends, exceptions included.
 _INITIALISING: dict[int, dict[str, bool]] = {}
 
 # Attributes Python itself sets on an instance, which are not part of its structure:
@@ -111,33 +120,23 @@ class _ModuleMeta(type):
             _refuse_slots(name, namespace)
         cls = super().__new__(mcs, name, bases, namespace, **kwargs)
         # Options are inherited unless a subclass sets them again.
+        inherited = getattr(cls, "__module_info__", None)
         if frozen is None:
-            frozen = getattr(cls, "__module_frozen__", False)
+            frozen = inherited.frozen if inherited is not None else False
         if pytree is None:
-            pytree = getattr(cls, "__module_pytree__", True)
-        cls.__module_frozen__ = frozen
-        cls.__module_pytree__ = pytree
+            pytree = inherited.pytree if inherited is not None else True
         custom_init = not is_root and _has_custom_init(cls)
-        cls.__module_custom_init__ = custom_init
         # The root keeps its own `__init__` (see `Module.__init__`).
         dataclasses.dataclass(cls, init=not (is_root or custom_init), repr=False, eq=False)
-        fields = dataclasses.fields(cls)
-        cls.__module_fields__ = fields
-        cls.__module_field_index__ = {f.name: i for i, f in enumerate(fields)}
-        cls.__module_field_static__ = {f.name: field_is_static(f) for f in fields}
-        cls.__module_converters__ = tuple(
-            (f.name, converter) for f in fields if (converter := field_converter(f)) is not None
+        cls.__module_info__ = ModuleInfo.of(
+            cls, frozen=frozen, pytree=pytree, custom_init=custom_init
         )
-        cls.__module_class_provided__ = frozenset(
-            f.name for f in fields if _overridden_by_class_attribute(cls, f)
-        )
-        cls.__module_check_inits__ = tuple(
-            klass.__dict__["__check_init__"]
-            for klass in cls.__mro__
-            if "__check_init__" in klass.__dict__
-        )
-        cls.__module_descriptors__ = {}
-        if cls.__module_pytree__:
+        # Copies of two of its facts, for `pytree_module.extend.is_pytree_class` and
+        # `is_frozen_class`: graph walks ask once per object, and reading one class attribute
+        # takes about half the time of reading `__module_info__.pytree` (both in C).
+        cls.__module_pytree__ = pytree
+        cls.__module_frozen__ = frozen
+        if pytree:
             jax.tree_util.register_pytree_with_keys(
                 cls, _flatten_with_keys, _unflatten, flatten_func=_flatten
             )
@@ -159,7 +158,7 @@ class _ModuleMeta(type):
             _finish_init(self, forced)
         finally:
             del _INITIALISING[key]
-        for check_init in cls.__module_check_inits__:
+        for check_init in cls.__module_info__.check_inits:
             check_init(self)
         return self
 
@@ -201,32 +200,16 @@ def _has_custom_init(cls: type) -> bool:
         return True
     for klass in cls.__mro__[1:]:
         if isinstance(klass, _ModuleMeta):
-            return klass.__module_custom_init__
+            return klass.__module_info__.custom_init
         if "__init__" in klass.__dict__:
             return True
-    return False
-
-
-def _overridden_by_class_attribute(cls: type, f: dataclasses.Field) -> bool:
-    """Whether a subclass replaced field `f` with a class attribute, such as a property.
-
-    Such a field is provided by the class: an instance that `__init__` leaves without the
-    attribute reads the class attribute, which is not part of the pytree (Equinox does the
-    same). Only classes below the one that declares the field count, and there a field's own
-    default (which dataclasses leave on the class) is no override.
-    """
-    for klass in cls.__mro__:
-        if f.name in klass.__dict__:
-            return klass.__dict__[f.name] is not f.default
-        if f.name in inspect.get_annotations(klass):
-            return False
     return False
 
 
 def _fields_signature(cls: type) -> inspect.Signature:
     """The signature a generated `__init__` of `cls` would have."""
     positional, keyword = [], []
-    for f in cls.__module_fields__:
+    for f in cls.__module_info__.fields:
         if not f.init:
             continue
         if f.default is not dataclasses.MISSING:
@@ -281,8 +264,9 @@ class Module(metaclass=_ModuleMeta):
 
     __slots__ = ("__dict__", "__weakref__", "_pm_flat", "_pm_trace")
 
-    __module_frozen__: ClassVar[bool]
+    __module_info__: ClassVar[ModuleInfo]
     __module_pytree__: ClassVar[bool]
+    __module_frozen__: ClassVar[bool]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Assign the declared fields from arguments, as a generated `__init__` would.
@@ -314,15 +298,15 @@ class Module(metaclass=_ModuleMeta):
             _set_after_init(self, name, value)
 
     def __delattr__(self, name: str) -> None:
-        cls = type(self)
+        info = type(self).__module_info__
         initialising = id(self) in _INITIALISING
         if not initialising:
-            _check_mutable(self, name, "delete")
+            _check_mutable(self, info, name, "delete")
         object.__delattr__(self, name)
         if not initialising:
-            if cls.__module_pytree__:
+            if info.pytree:
                 _relayout(self, {})
-            mutations.count += 1
+            touch()
 
     def __repr__(self) -> str:
         from ._pformat import tree_pformat
@@ -353,7 +337,7 @@ class Module(metaclass=_ModuleMeta):
         values, data_keys = state
         self.__dict__.update(values)
         _set_trace(self, current_trace_token())
-        if data_keys is not None and type(self).__module_pytree__:
+        if data_keys is not None and type(self).__module_info__.pytree:
             order = canonical_order(type(self), values)
             _install_layout(self, order, [k in data_keys for k in order])
 
@@ -374,7 +358,7 @@ def canonical_order(cls: type, values: dict[str, Any]) -> list[str]:
     Sorting makes the structure independent of assignment order, so two instances built
     along different code paths still have equal treedefs.
     """
-    index = cls.__module_field_index__
+    index = cls.__module_info__.field_index
     declared = sorted((k for k in values if k in index), key=index.__getitem__)
     others = sorted(k for k in values if k not in index and k not in _UNTRACKED)
     return declared + others
@@ -428,20 +412,6 @@ def _check_assignable(module: Module, name: str, value: Any) -> None:
         )
 
 
-def _is_data_descriptor(cls: type, name: str) -> bool:
-    """Whether `name` is handled by a class-level data descriptor such as a property."""
-    cache = cls.__module_descriptors__
-    found = cache.get(name)
-    if found is None:
-        found = False
-        for klass in cls.__mro__:
-            if name in klass.__dict__:
-                found = hasattr(type(klass.__dict__[name]), "__set__")
-                break
-        cache[name] = found
-    return found
-
-
 def _unwrap(module: Module, name: str, value: Any) -> tuple[bool | None, Any]:
     """Split a `data(...)`/`static(...)` wrapper into (forced status, value)."""
     if not isinstance(value, StatusWrapper):
@@ -455,28 +425,57 @@ def _unwrap(module: Module, name: str, value: Any) -> tuple[bool | None, Any]:
     return value.is_data, value.value
 
 
+def _status_for(
+    info: ModuleInfo,
+    name: str,
+    value: Any,
+    forced: bool | None,
+    layout: Layout | None,
+    infer: bool = True,
+) -> bool | None:
+    """Whether attribute `name` is data (True) or static (False): the one status rule.
+
+    The first that applies decides: *forced* (`data(...)`/`static(...)`, passed as `forced`),
+    *kept* (an attribute of the module's current `layout` keeps its status), *declared*
+    (`field(static=...)`), *inferred* (`is_data(value)`). While `__init__` runs the value may
+    still be replaced, so inference waits until it returns: `infer=False` answers None for
+    an attribute that nothing forced or declared.
+
+    Callers pass `forced` and `layout` positionally: keyword arguments would add a few
+    percent to every assignment after `__init__`.
+    """
+    if forced is not None:
+        return forced
+    if layout is not None:
+        if name in layout.data_keys:
+            return True
+        if name in layout.static_keys:
+            return False
+    declared_static = info.field_static.get(name)
+    if declared_static is not None:
+        return not declared_static
+    return is_data(value) if infer else None
+
+
 def _set_during_init(module: Module, forced: dict[str, bool], name: str, value: Any) -> None:
     cls = type(module)
+    info = cls.__module_info__
     if not same_trace(module._pm_trace):
         raise _trace_error(module, name, "assign")
-    if not cls.__module_pytree__ or _is_data_descriptor(cls, name):
+    if not info.pytree or info.is_data_descriptor(cls, name):
         object.__setattr__(module, name, value.value if isinstance(value, StatusWrapper) else value)
         return
     status, value = _unwrap(module, name, value)
     if status is None:
-        known = forced.get(name)
-        if known is None and name in cls.__module_field_static__:
-            known = not cls.__module_field_static__[name]
+        # Unwrapped: refuse arrays now if an earlier `static(...)` or the declaration already
+        # makes the attribute static (checks that need inference run when `__init__` returns).
+        known = _status_for(info, name, value, forced.get(name), None, infer=False)
         if known is False:
             _refuse_data_in_static(module, name, value)
-    if (
-        cls.__module_frozen__
-        and cls.__module_field_index__
-        and name not in cls.__module_field_index__
-    ):
+    if info.frozen and info.field_index and name not in info.field_index:
         raise ValueError(
             f"Cannot set attribute '{name}' on frozen {cls.__name__}: it is not one of its "
-            f"fields {list(cls.__module_field_index__)}. Declare it with an annotation in "
+            f"fields {list(info.field_index)}. Declare it with an annotation in "
             f"the class body (`{name}: type`)."
         )
     _check_assignable(module, name, value)
@@ -495,28 +494,9 @@ def _refuse_data_in_static(module: Module, name: str, value: Any) -> None:
         )
 
 
-class MutationCount:
-    """How many times an existing object's attributes changed, in this process.
-
-    Bumped by every assignment or deletion after `__init__` (and by pytree_graph when
-    it changes an object in place, or a Variable's metadata). Whatever is derived from
-    attributes, such as pytree_graph's cached walks of object graphs, stays valid while
-    the count is the same. It is bumped after the change is made, so that a walk done in
-    another thread while the change is under way sees the count move afterwards.
-    """
-
-    __slots__ = ("count",)
-
-    def __init__(self) -> None:
-        self.count = 0
-
-
-mutations = MutationCount()
-
-
-def _check_mutable(module: Module, name: str, action: str) -> None:
+def _check_mutable(module: Module, info: ModuleInfo, name: str, action: str) -> None:
     cls = type(module)
-    if cls.__module_frozen__:
+    if info.frozen:
         raise dataclasses.FrozenInstanceError(
             f"Cannot {action} attribute '{name}' of {cls.__name__}: it is frozen "
             f"(`class {cls.__name__}(Module, frozen=True)`), so it is immutable after "
@@ -544,27 +524,19 @@ def _set_after_init(module: Module, name: str, value: Any) -> None:
         # frozen modules (as Equinox allows).
         object.__setattr__(module, name, value)
         return
-    _check_mutable(module, name, "assign")
     cls = type(module)
-    if not cls.__module_pytree__ or _is_data_descriptor(cls, name):
+    info = cls.__module_info__
+    _check_mutable(module, info, name, "assign")
+    if not info.pytree or info.is_data_descriptor(cls, name):
         object.__setattr__(module, name, value.value if isinstance(value, StatusWrapper) else value)
-        mutations.count += 1
+        touch()
         return
     layout = module._pm_flat[1].layout
-    status, value = _unwrap(module, name, value)
-    if status is None:
-        # A known attribute keeps its status; a new one is inferred from its value.
-        if name in layout.data_keys:
-            status = True
-        elif name in layout.static_keys:
-            status = False
-        elif name in cls.__module_field_static__:
-            status = not cls.__module_field_static__[name]
-        else:
-            status = is_data(value)
-        if not status:
-            _refuse_data_in_static(module, name, value)
+    forced, value = _unwrap(module, name, value)
+    status = _status_for(info, name, value, forced, layout)
     if not status:
+        if forced is None:
+            _refuse_data_in_static(module, name, value)
         check_static_value(value, _describe(module, name))
     _check_assignable(module, name, value)
     was_data = name in layout.data_keys
@@ -574,7 +546,7 @@ def _set_after_init(module: Module, name: str, value: Any) -> None:
         _set_flat(module, (layout.get_data(module.__dict__), module._pm_flat[1]))
     else:
         _relayout(module, {name: status})
-    mutations.count += 1
+    touch()
 
 
 # ----------------------------------------------------------------------------- __init__
@@ -600,10 +572,11 @@ def _raise_if_bad_arguments(cls: type, args: tuple, kwargs: dict, error: TypeErr
 def _finish_init(module: Module, forced: dict[str, bool]) -> None:
     """After `__init__`: defaults, converters, statuses, checks, layout."""
     cls = type(module)
+    info = cls.__module_info__
     values = module.__dict__
     missing = []
-    provided = cls.__module_class_provided__
-    for f in cls.__module_fields__:
+    provided = info.class_provided
+    for f in info.fields:
         if f.name in values or f.name in provided:
             continue
         if f.default is not dataclasses.MISSING:
@@ -619,21 +592,15 @@ def _finish_init(module: Module, forced: dict[str, bool]) -> None:
             f"(`self.{missing[0]} = ...`), give them a default in the class body, or "
             "remove the annotation."
         )
-    for name, converter in cls.__module_converters__:
+    for name, converter in info.converters:
         values[name] = converter(values[name])
-    if not cls.__module_pytree__:
+    if not info.pytree:
         return
-    field_static = cls.__module_field_static__
     order = canonical_order(cls, values)
     statuses = []
     for name in order:
         value = values[name]
-        if name in forced:
-            status = forced[name]
-        elif name in field_static:
-            status = not field_static[name]
-        else:
-            status = is_data(value)
+        status = _status_for(info, name, value, forced.get(name), None)
         if contains_wrapper(value):
             _check_assignable(module, name, value)
         if not status:
@@ -646,5 +613,5 @@ def repr_items(module: Module) -> list[tuple[str, Any]]:
     """The (name, value) pairs that `repr` shows, in layout order."""
     cls = type(module)
     values = module.__dict__
-    hidden = {f.name for f in cls.__module_fields__ if not f.repr}
+    hidden = {f.name for f in cls.__module_info__.fields if not f.repr}
     return [(k, values[k]) for k in canonical_order(cls, values) if k not in hidden]

@@ -4,11 +4,13 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
+
+from pytree_filter import SHAPED_TYPES
 
 from ._field import field
 
-_ARRAY_TYPES: tuple[type, ...] = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
+# Arrays, and `ShapeDtypeStruct`s standing for them, are data (see pytree_filter.SHAPED_TYPES).
+_ARRAY_TYPES = SHAPED_TYPES
 _CONTAINER_TYPES = (list, tuple, dict)
 _data_types: tuple[type, ...] = ()
 _NO_VALUE = object()

@@ -19,13 +19,11 @@ import safetensors
 import safetensors.numpy
 
 import pytree_graph
+from pytree_filter import Path, path_text
 from pytree_graph import State, Variable
-from pytree_graph._traverse import show_path
 from pytree_module import TraceContextError
 
 from ._checks import check_graph
-
-Path = tuple[Any, ...]
 
 FORMAT = "pytree_nn.checkpoint"
 FORMAT_VERSION = 1
@@ -137,7 +135,7 @@ def _json_metadata(variable: Variable, path: Path, function: str) -> dict[str, A
             continue  # not representable in JSON: checked by name only
         except ValueError:
             raise ValueError(
-                f"{function}: the {type(variable).__name__} at {show_path(path)} has the "
+                f"{function}: the {type(variable).__name__} at {path_text(path)} has the "
                 f"metadata {name}={value!r}, which holds a NaN or an infinity; a checkpoint "
                 "keeps metadata as JSON, which has neither. Give it a finite value (or "
                 "None) before saving."
@@ -164,7 +162,7 @@ def _stored(path: Path, leaf: Any) -> tuple[np.ndarray, dict[str, Any]]:
     if described is None or isinstance(value, jax.ShapeDtypeStruct):
         what = "an abstract array (no values)" if described else f"a {type(value).__name__}"
         raise TypeError(
-            f"save_checkpoint: the {type(leaf).__name__} at {show_path(path)} holds {what}; "
+            f"save_checkpoint: the {type(leaf).__name__} at {path_text(path)} holds {what}; "
             "checkpoints hold arrays, Python bool/int/float and None. Leave it out, e.g. "
             "`save_checkpoint(path, pytree_graph.state(model, Param))`, or `pop` it first."
         )
@@ -422,7 +420,7 @@ def _show_array(dtype: str, shape: tuple[int, ...]) -> str:
 
 def _mismatch(path: Path, leaf: Any, entry: dict[str, Any], check_metadata: bool) -> str | None:
     """What keeps a checkpoint entry from being loaded into `leaf`, or None."""
-    where = show_path(path)
+    where = path_text(path)
     saved_type = entry.get("type")
     if isinstance(leaf, Variable) != (saved_type is not None) or (
         saved_type is not None and type(leaf).__qualname__ != saved_type
@@ -513,10 +511,10 @@ def load_checkpoint(
     tensors, entries = _read(path)
     saved = {decode_key(key): key for key in entries}
     problems = [
-        f"{show_path(p)} is in the model but not in the checkpoint" for p in flat if p not in saved
+        f"{path_text(p)} is in the model but not in the checkpoint" for p in flat if p not in saved
     ]
     problems += [
-        f"{show_path(p)} is in the checkpoint but not in the model" for p in saved if p not in flat
+        f"{path_text(p)} is in the checkpoint but not in the model" for p in saved if p not in flat
     ]
     values = {}
     for leaf_path, leaf in flat.items():
@@ -528,7 +526,7 @@ def load_checkpoint(
             try:
                 value = _restored(key, tensors[key], entries[key])
             except (ValueError, TypeError) as error:
-                problem = f"{show_path(leaf_path)}: {error}"
+                problem = f"{path_text(leaf_path)}: {error}"
         if problem is not None:
             problems.append(problem)
             continue

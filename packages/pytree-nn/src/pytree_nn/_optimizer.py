@@ -9,14 +9,11 @@ import numpy as np
 import optax
 
 import pytree_graph
-from pytree_filter import is_inexact_array, path_keys
+from pytree_filter import Path, is_inexact_array, path_keys, path_text
 from pytree_graph import Param, State, Variable
-from pytree_graph._traverse import show_path
 from pytree_module import data, field, static
 
 from ._module import Module
-
-Path = tuple[Any, ...]
 
 
 class OptState(Variable):
@@ -50,7 +47,7 @@ def _nest(paths: list[Path], variables: list[OptState]) -> Any:
             if mixed or (key in node and (last or not isinstance(node[key], dict))):
                 raise ValueError(
                     f"Optimizer: the optax state has leaves whose paths cannot be told "
-                    f"apart, or that mix key types, at {show_path(path[: depth + 1])}. Use "
+                    f"apart, or that mix key types, at {path_text(path[: depth + 1])}. Use "
                     "an optax transformation whose state is made of tuples, named tuples "
                     "and dicts with keys of one type."
                 )
@@ -130,7 +127,7 @@ class Optimizer(Module):
         for path, leaf in flat.items():
             if not is_inexact_array(_value(leaf)):
                 raise TypeError(
-                    f"Optimizer: the {type(leaf).__name__} at {show_path(path)} matches "
+                    f"Optimizer: the {type(leaf).__name__} at {path_text(path)} matches "
                     f"wrt={wrt!r} but does not hold a floating-point array, so it cannot be "
                     "trained. Narrow `wrt` (e.g. `wrt=Param`) to leave it out."
                 )
@@ -233,8 +230,8 @@ def _grads_flat(grads: Any) -> dict[Path, Any]:
 
 def _differences(found: Any, expected: Any, extra_text: str, missing_text: str) -> str:
     """Text naming the paths in `found` but not `expected`, and the other way round."""
-    extra = [show_path(p) for p in found if p not in expected]
-    missing = [show_path(p) for p in expected if p not in found]
+    extra = [path_text(p) for p in found if p not in expected]
+    missing = [path_text(p) for p in expected if p not in found]
     return (extra_text.format(", ".join(extra)) if extra else "") + (
         missing_text.format(", ".join(missing)) if missing else ""
     )
@@ -254,7 +251,7 @@ def _check_grads(params: Mapping[Path, Any], grads: Mapping[Path, Any]) -> None:
         shape, grad_shape = np.shape(_value(param)), np.shape(_value(grads[path]))
         if shape != grad_shape:
             raise ValueError(
-                f"Optimizer.update: the gradient at {show_path(path)} has shape "
+                f"Optimizer.update: the gradient at {path_text(path)} has shape "
                 f"{grad_shape}, but the parameter has shape {shape}."
             )
 

@@ -8,12 +8,10 @@ import numpy as np
 
 import pytree_graph
 import pytree_module
+from pytree_filter import Path, path_text
 from pytree_graph import Variable
-from pytree_graph._traverse import show_path
 
 from ._checks import check_graph
-
-Path = tuple[Any, ...]
 
 _ARRAYS = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
 _ARRAY_COLUMN = "array"  # the column of arrays held outside Variables
@@ -44,10 +42,6 @@ def _bytes(n: int) -> str:
 
 def _amount(count: int, size: int) -> str:
     return f"{count:,} ({_bytes(size)})"
-
-
-def _show(path: Path) -> str:
-    return "(root)" if not path else show_path(path)
 
 
 def _record_outputs(model: Any, args: tuple, kwargs: dict[str, Any]) -> dict[Path, str]:
@@ -160,7 +154,7 @@ def tabulate(model: Any, *example_inputs: Any, **example_kwargs: Any) -> str:
     header = ["path", "type", *(["output"] if outputs is not None else []), *columns]
     rows = []
     for path in order:
-        row = [_show(path), type(modules[path]).__name__]
+        row = [path_text(path, root="(root)"), type(modules[path]).__name__]
         if outputs is not None:
             row.append(outputs.get(path, ""))
         for column in columns:
@@ -191,8 +185,8 @@ def tabulate(model: Any, *example_inputs: Any, **example_kwargs: Any) -> str:
         f"Total: {_amount(count, size)} in {number} Module{'' if number == 1 else 's'}.",
     ]
     for paths in pytree_graph.find_duplicates(model):
-        others = ", ".join(_show(p) for p in paths[1:])
-        lines.append(f"Shared: {_show(paths[0])} is also at {others} (counted once).")
+        first, *others = (path_text(p, root="(root)") for p in paths)
+        lines.append(f"Shared: {first} is also at {', '.join(others)} (counted once).")
     return "\n".join(lines)
 
 
@@ -210,7 +204,7 @@ def _variables_by_owner(items: list[tuple[Path, Any]], modules: dict[Path, Any])
         if column not in columns:
             columns.append(column)
         value = leaf.value if isinstance(leaf, Variable) else leaf
-        name = show_path(path[len(owner) :]).lstrip(".")
+        name = path_text(path[len(owner) :]).lstrip(".")
         text = pytree_module.tree_pformat(value, width=10**6)
         cells.setdefault((owner, column), []).append(f"{name} {text}")
         count, size = _size(value)

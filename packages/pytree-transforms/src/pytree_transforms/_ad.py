@@ -14,8 +14,10 @@ from pytree_filter import (
     is_inexact_array,
     is_inexact_array_like,
     partition,
+    path_text,
 )
 
+from ._errors import check_callable
 from ._method import BindsAsMethod
 from ._outputs import StaticOutput, split_output
 from ._sharing import find_sharing, has_repeats, selected_once
@@ -66,20 +68,19 @@ def _identity(x: Any) -> Any:
 
 
 def _aux_splitter(fun: Callable[..., Any], has_aux: bool):
-    """Let `fun`'s auxiliary output hold any Python objects: arrays go through JAX."""
+    """Let `fun`'s auxiliary output hold any Python objects: arrays go through JAX, the rest
+    in the aux's treedef (see `_outputs`)."""
     if not has_aux:
-        return fun, lambda aux: aux
-    holder: list[Any] = []
+        return fun, _identity
 
     @functools.wraps(fun)
     def with_array_aux(*args: Any, **kwargs: Any) -> Any:
         value, aux = fun(*args, **kwargs)
-        dynamic, static = split_output(aux, is_array, "filter_grad(has_aux=True)")
-        holder[:] = [static]
-        return value, dynamic
+        return value, split_output(aux, is_array, "filter_grad(has_aux=True)")
 
-    def rebuild(dynamic: list[Any]) -> Any:
-        return holder[0].rebuild(dynamic)
+    def rebuild(split_aux: tuple[list[Any], StaticOutput]) -> Any:
+        dynamic, static = split_aux
+        return static.rebuild(dynamic)
 
     return with_array_aux, rebuild
 
@@ -119,7 +120,7 @@ def filter_value_and_grad(
     """
     if fun is None:
         return lambda f: filter_value_and_grad(f, arg=arg, has_aux=has_aux, **gradkwargs)
-    _check_callable(fun, "filter_value_and_grad")
+    check_callable(fun, "filter_value_and_grad")
     _refuse_argnums(gradkwargs, "filter_value_and_grad")
     return _Differentiated("filter_value_and_grad", fun, arg, has_aux, gradkwargs)
 
@@ -155,7 +156,7 @@ def filter_grad(
     """
     if fun is None:
         return lambda f: filter_grad(f, arg=arg, has_aux=has_aux, **gradkwargs)
-    _check_callable(fun, "filter_grad")
+    check_callable(fun, "filter_grad")
     _refuse_argnums(gradkwargs, "filter_grad")
     return _Differentiated("filter_grad", fun, arg, has_aux, gradkwargs)
 
@@ -217,11 +218,6 @@ def _refuse_argnums(kwargs: dict[str, Any], transform: str) -> None:
         )
 
 
-def _check_callable(fun: Any, transform: str) -> None:
-    if not callable(fun):
-        raise TypeError(f"{transform} expects a function, got {fun!r}.")
-
-
 def filter_jvp(
     fn: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Any], **kwargs: Any
 ) -> tuple[Any, Any]:
@@ -252,6 +248,7 @@ def filter_jvp(
         >>> tangents
         (Array(6., dtype=float32, weak_type=True), None, None)
     """
+    check_callable(fn, "filter_jvp", "fn", spelling="filter_jvp({}, primals, tangents)")
     if not isinstance(primals, tuple | list) or not isinstance(tangents, tuple | list):
         raise TypeError("filter_jvp expects `primals` and `tangents` as tuples (or lists).")
     primals = tuple(primals)
@@ -260,9 +257,8 @@ def filter_jvp(
     if not perturbed:
         out = fn(*primals, **kwargs)
         return out, jax.tree.map(lambda _: None, out)
-    holder: list[StaticOutput] = []
 
-    def of_perturbed(values: list[Any]) -> list[Any]:
+    def of_perturbed(values: list[Any]) -> tuple[list[Any], StaticOutput]:
         # The inputs are tracers of this JVP; outputs carried by other values (constants,
         # unperturbed inputs, tracers of an enclosing transform) have a symbolic zero
         # tangent, returned as None.
@@ -274,13 +270,12 @@ def filter_jvp(
         out_leaves, out_def = jax.tree.flatten(out)
         mask = [isinstance(x, jax.core.Tracer) and x._trace is trace for x in out_leaves]
         static = tuple(x for x, m in zip(out_leaves, mask, strict=True) if not m)
-        holder[:] = [StaticOutput(out_def, mask, static)]
-        return [x for x, m in zip(out_leaves, mask, strict=True) if m]
+        dynamic = [x for x, m in zip(out_leaves, mask, strict=True) if m]
+        return dynamic, StaticOutput(out_def, mask, static)
 
-    out, tangent_out = jax.jvp(
+    (out, static), (tangent_out, _) = jax.jvp(
         of_perturbed, ([leaves[i] for i in perturbed],), (list(perturbed.values()),)
     )
-    static = holder[0]
     return static.rebuild(out), static.rebuild(tangent_out, static_as_none=True)
 
 
@@ -323,7 +318,7 @@ def _perturbed_leaves(primals: tuple, tangents: tuple) -> dict[int, Any]:
 
 def _tangent_path(tangents: tuple, n: int) -> str:
     path = jax.tree_util.tree_flatten_with_path(tangents, is_leaf=_is_none)[0][n][0]
-    return f"tangents{jax.tree_util.keystr(path)}"
+    return "tangents" + path_text(path, root="")
 
 
 def _describe(value: Any) -> str:
@@ -354,21 +349,19 @@ def filter_vjp(fun: Callable[..., Any], *primals: Any, has_aux: bool = False) ->
         >>> vjp_fn((jnp.ones(2), None))
         (Array([2., 2.], dtype=float32), None)
     """
+    check_callable(fun, "filter_vjp", spelling="filter_vjp({}, x)")
     diff, nondiff = partition(primals, is_inexact_array)
-    holder: list[Any] = []
 
     def of_diff(diff: Any) -> Any:
         result = fun(*combine(diff, nondiff))
         out, aux = result if has_aux else (result, None)
-        dynamic, static = split_output(out, is_inexact_array, "filter_vjp")
-        holder[:] = [static]
-        return (dynamic, aux) if has_aux else dynamic
+        split_out = split_output(out, is_inexact_array, "filter_vjp")
+        return (split_out, aux) if has_aux else split_out
 
     if has_aux:
-        out, vjp, aux = jax.vjp(of_diff, diff, has_aux=True)
+        (out, static), vjp, aux = jax.vjp(of_diff, diff, has_aux=True)
     else:
-        out, vjp = jax.vjp(of_diff, diff)
-    static = holder[0]
+        (out, static), vjp = jax.vjp(of_diff, diff)
 
     def vjp_fn(cotangent: Any) -> tuple[Any, ...]:
         try:
@@ -379,7 +372,8 @@ def filter_vjp(fun: Callable[..., Any], *primals: Any, has_aux: bool = False) ->
                 "array for each floating-point array leaf and None elsewhere."
             ) from None
         dynamic = [c for c, m in zip(leaves, static.mask, strict=True) if m]
-        (grads,) = vjp(dynamic)
+        # The cotangent's treedef must be the output's, `StaticOutput` included.
+        (grads,) = vjp((dynamic, static))
         return grads
 
     if has_aux:
@@ -396,7 +390,7 @@ def _jacobian(
 ) -> Any:
     if fun is None:
         return lambda f: _jacobian(jax_transform, name, f, has_aux, kwargs)
-    _check_callable(fun, name)
+    check_callable(fun, name)
     _refuse_argnums(kwargs, name)
 
     @functools.wraps(fun)

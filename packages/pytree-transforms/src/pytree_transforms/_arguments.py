@@ -7,6 +7,8 @@ from typing import Any
 
 import jax
 
+from pytree_filter import path_text
+
 
 class ArgumentSpecs:
     """The specs a filtered transform applies to `fun`, its arguments and keyword arguments.
@@ -108,7 +110,7 @@ def leaf_names(fun: Callable[..., Any], tree: tuple[Any, tuple, dict]) -> list[t
     for key in sorted(kwargs):
         named.append((key if key in by_keyword else f"{var_keyword}[{key!r}]", kwargs[key]))
     return [
-        (name + jax.tree_util.keystr(path), leaf)
+        (name + path_text(path, root=""), leaf)
         for name, value in named
         for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]
     ]

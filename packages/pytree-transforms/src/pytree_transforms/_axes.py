@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.tree_util import PyTreeDef
 
-from pytree_filter import is_array, is_array_like
+from pytree_filter import is_array, is_array_like, path_text
 
 from ._errors import describe_leaf
 
@@ -99,7 +99,7 @@ def axes_of(
 class MappedOutput:
     """Where each leaf of a mapped function's output goes, and its leaves that JAX does not
     carry. A pytree node with no children, so it can leave a transform in the output
-    treedef, like `StaticOutput`."""
+    treedef, like `StaticOutput`; compared by identity, as it stands for one trace's output."""
 
     __slots__ = ("arrays", "axes", "static", "treedef")
 
@@ -122,7 +122,7 @@ class MappedOutput:
         )
 
 
-jax.tree_util.register_pytree_node(MappedOutput, lambda m: ((), m), lambda m, _: m)
+jax.tree_util.register_static(MappedOutput)
 
 
 def _move_mapped_axis(x: Any, axis: int) -> Any:
@@ -153,7 +153,7 @@ def _where(tree: Any, index: int, output: bool) -> str:
     if not output:
         return describe_leaf(tree, index, ("fn", "args", "kwargs"))
     path = jax.tree_util.tree_flatten_with_path(tree)[0][index][0]
-    return f"the output leaf at {jax.tree_util.keystr(path) or 'the top level'}"
+    return f"the output leaf at {path_text(path)}"
 
 
 def merge_axis_options(

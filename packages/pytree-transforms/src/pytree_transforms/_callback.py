@@ -6,9 +6,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from pytree_filter import is_array
+from pytree_filter import is_array, path_text
 
-from ._shapes import _is_shaped
+from ._errors import check_callable
+from ._shapes import is_shaped
 
 
 def filter_pure_callback(
@@ -58,8 +59,12 @@ def filter_pure_callback(
         >>> norm(jnp.array([3.0, -4.0]))
         Array(7., dtype=float32)
     """
-    if not callable(callback):
-        raise TypeError(f"filter_pure_callback expects a callable first, got {callback!r}.")
+    check_callable(
+        callback,
+        "filter_pure_callback",
+        "callback",
+        spelling="filter_pure_callback({}, x, result_shape_dtypes=...)",
+    )
     if "vectorized" in kwargs:
         raise TypeError(
             "filter_pure_callback takes no `vectorized`: JAX replaced it with `vmap_method`. "
@@ -69,7 +74,7 @@ def filter_pure_callback(
     leaves, treedef = jax.tree.flatten((callback, args, kwargs))
     array_index = [i for i, x in enumerate(leaves) if is_array(x)]
     result_leaves, result_def = jax.tree.flatten(result_shape_dtypes)
-    shape_index = [i for i, x in enumerate(result_leaves) if _is_shaped(x)]
+    shape_index = [i for i, x in enumerate(result_leaves) if is_shaped(x)]
     shapes = [
         jax.ShapeDtypeStruct(np.shape(result_leaves[i]), result_leaves[i].dtype)
         for i in shape_index
@@ -147,4 +152,4 @@ def _equal(value: Any, wanted: Any) -> bool:
 
 def _where(treedef: Any, index: int) -> str:
     paths = jax.tree_util.tree_flatten_with_path(treedef.unflatten(range(treedef.num_leaves)))
-    return jax.tree_util.keystr(paths[0][index][0]) or "the top level"
+    return path_text(paths[0][index][0])

@@ -8,6 +8,7 @@ import jax
 
 from pytree_filter import combine, is_array, partition
 
+from ._errors import check_callable
 from ._outputs import split_output
 
 
@@ -41,8 +42,7 @@ def filter_checkpoint(
     """
     if fun is None:
         return lambda f: filter_checkpoint(f, prevent_cse=prevent_cse, policy=policy)
-    if not callable(fun):
-        raise TypeError(f"filter_checkpoint expects a function, got {fun!r}.")
+    check_callable(fun, "filter_checkpoint")
 
     @functools.wraps(fun)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:

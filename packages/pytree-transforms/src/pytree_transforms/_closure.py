@@ -10,7 +10,8 @@ from jax.tree_util import PyTreeDef
 from pytree_filter import combine
 from pytree_module import Module, field
 
-from ._shapes import _is_shaped, filter_make_jaxpr
+from ._errors import check_callable
+from ._shapes import filter_make_jaxpr, is_shaped
 
 
 class _Program:
@@ -63,7 +64,7 @@ class _Program:
                 f"{self.in_treedef}, and cannot be called with {treedef}. Convert it again "
                 "with example arguments of the new structure."
             )
-        mask = [_is_shaped(x) for x in leaves]
+        mask = [is_shaped(x) for x in leaves]
         arrays = [x for x, m in zip(leaves, mask, strict=True) if m]
         static = [x for x, m in zip(leaves, mask, strict=True) if not m]
         avals = [(tuple(x.shape), x.dtype) for x in arrays]
@@ -153,11 +154,10 @@ def filter_closure_convert(fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
         >>> f(1.0, 1.0)
         Array(1., dtype=float32, weak_type=True)
     """
-    if not callable(fn):
-        raise TypeError(f"filter_closure_convert expects a function, got {fn!r}.")
+    check_callable(fn, "filter_closure_convert", "fn", spelling="filter_closure_convert({}, x)")
     closed, out_shapes, out_static = filter_make_jaxpr(fn)(*args, **kwargs)
     leaves, in_treedef = jax.tree.flatten((args, kwargs))
-    in_mask = [_is_shaped(x) for x in leaves]
+    in_mask = [is_shaped(x) for x in leaves]
     program = _Program(
         name=getattr(fn, "__name__", type(fn).__name__),
         jaxpr=closed.jaxpr,

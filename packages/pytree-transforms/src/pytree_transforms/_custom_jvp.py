@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from pytree_filter import is_array, is_inexact_array, is_inexact_array_like
+from pytree_filter import is_array, is_inexact_array, is_inexact_array_like, path_text
 
+from ._errors import check_callable
 from ._method import BindsAsMethod
 
 _PYTHON_NUMBERS = (bool, int, float, complex)
@@ -42,8 +43,7 @@ class CustomJVP(BindsAsMethod):
         Returns:
             `jvp_fn` itself.
         """
-        if not callable(jvp_fn):
-            raise TypeError(f"defjvp expects the JVP rule, a function; got {jvp_fn!r}.")
+        check_callable(jvp_fn, "defjvp", "jvp_fn", what="the JVP rule", spelling="fn.defjvp({})")
         self._jvp = jvp_fn
         return jvp_fn
 
@@ -115,7 +115,7 @@ def _check_output(out: Any, fn: Callable[..., Any]) -> None:
     """Refuse outputs that `jax.custom_jvp` cannot return, naming the offending leaf."""
     for path, leaf in jax.tree_util.tree_flatten_with_path(out)[0]:
         if not (is_array(leaf) or isinstance(leaf, _PYTHON_NUMBERS)):
-            where = jax.tree_util.keystr(path) or "the top level"
+            where = path_text(path)
             raise TypeError(
                 f"filter_custom_jvp: {getattr(fn, '__name__', 'the function')} returned a "
                 f"{type(leaf).__name__} at {where} of its output, but a function with a "
@@ -201,6 +201,5 @@ def filter_custom_jvp(fn: Callable[..., Any]) -> CustomJVP:
         >>> jax.grad(lambda x: call(jnp.sin, x))(0.0)
         Array(3., dtype=float32, weak_type=True)
     """
-    if not callable(fn):
-        raise TypeError(f"filter_custom_jvp expects a function, got {fn!r}.")
+    check_callable(fn, "filter_custom_jvp", "fn")
     return CustomJVP(fn)

@@ -1,4 +1,11 @@
-"""`filter_custom_vjp`: `jax.custom_vjp` with gradients for the first argument only."""
+"""`filter_custom_vjp`: `jax.custom_vjp` with gradients for the first argument only.
+
+The residuals' static parts reach the backward pass in the residuals' treedef, as outputs do
+elsewhere (see `_outputs`). The output's static part cannot: JAX checks that the forward
+pass's output has the primal function's treedef, and the two build their static parts
+separately, as two `StaticOutput`s, which are never equal (each compares by identity). So it
+is kept aside instead (`out_static` in `CustomVJP.__call__`).
+"""
 
 import functools
 from collections.abc import Callable
@@ -8,11 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pytree_filter import is_array, is_inexact_array_like
+from pytree_filter import is_array, is_inexact_array_like, path_text
 
 from ._custom_jvp import RuleInputs
+from ._errors import check_callable
 from ._method import BindsAsMethod
-from ._outputs import split_output
+from ._outputs import StaticOutput, split_output
 
 
 class CustomVJP(BindsAsMethod):
@@ -40,9 +48,8 @@ class CustomVJP(BindsAsMethod):
                 floating-point arrays); returns the cotangent of `vjp_arg`, with `None` for
                 leaves that are not floating-point arrays (`None` elsewhere means zero).
         """
-        for name, rule in (("fn_fwd", fn_fwd), ("fn_bwd", fn_bwd)):
-            if not callable(rule):
-                raise TypeError(f"defvjp expects `{name}` to be a function, got {rule!r}.")
+        check_callable(fn_fwd, "defvjp", "fn_fwd", spelling="fn.defvjp({}, fn_bwd)")
+        check_callable(fn_bwd, "defvjp", "fn_bwd", spelling="fn.defvjp(fn_fwd, {})")
         self._fwd = fn_fwd
         self._bwd = fn_bwd
 
@@ -55,12 +62,14 @@ class CustomVJP(BindsAsMethod):
             )
         fn, fwd, bwd = self._fn, self._fwd, self._bwd
         inputs = RuleInputs((vjp_arg, args, kwargs), jax.tree.structure(vjp_arg).num_leaves)
-        out_holder: list[Any] = []
-        residual_holder: list[Any] = []
+        # The output's static part, kept aside by whichever of `primal` and `forward` ran
+        # last (see the module docstring for why JAX cannot carry it). A list is the one
+        # thing both rules can write and the caller read; every call makes its own.
+        out_static: list[StaticOutput] = []
 
         def split(out: Any) -> list[Any]:
             dynamic, static = split_output(out, is_array, "filter_custom_vjp")
-            out_holder[:] = [static]
+            out_static[:] = [static]
             return dynamic
 
         def primal(diff: list[Any], other: list[Any]) -> list[Any]:
@@ -76,18 +85,17 @@ class CustomVJP(BindsAsMethod):
                     f"got {type(result).__name__}."
                 )
             out, residuals = result
-            saved, static = split_output(residuals, is_array, "filter_custom_vjp")
-            residual_holder[:] = [static]
-            return split(out), (saved, diff, other)
+            # The residuals' static part goes to `backward` in the residuals' treedef.
+            split_residuals = split_output(residuals, is_array, "filter_custom_vjp")
+            return split(out), (split_residuals, diff, other)
 
         def backward(saved: tuple, cotangents: list[Any]) -> tuple[list[Any], list[None]]:
-            residuals, diff, other = saved
+            (residuals, residuals_static), diff, other = saved
             call_vjp_arg, call_args, call_kwargs = _rebuild(inputs, diff, other)
-            static_out = out_holder[0]
             cotangents = [c if is_inexact_array_like(c) else None for c in cotangents]
-            grad_obj = static_out.rebuild(cotangents, static_as_none=True)
+            grad_obj = out_static[0].rebuild(cotangents, static_as_none=True)
             grads = bwd(
-                residual_holder[0].rebuild(residuals),
+                residuals_static.rebuild(residuals),
                 grad_obj,
                 call_vjp_arg,
                 *call_args,
@@ -99,7 +107,7 @@ class CustomVJP(BindsAsMethod):
         custom = jax.custom_vjp(primal)
         custom.defvjp(forward, backward)
         out = custom(*inputs.arrays())
-        return out_holder[0].rebuild(out)
+        return out_static[0].rebuild(out)
 
 
 def _rebuild(inputs: RuleInputs, diff: list[Any], other: list[Any]) -> Any:
@@ -144,7 +152,7 @@ def _diff_cotangents(
             path = jax.tree_util.tree_flatten_with_path(vjp_arg)[0][i][0]
             raise ValueError(
                 f"filter_custom_vjp: {_name(bwd)} returned {_describe(grad)} as the cotangent "
-                f"at {jax.tree_util.keystr(path) or 'the top level'} of `vjp_arg`, where an "
+                f"at {path_text(path)} of `vjp_arg`, where an "
                 f"array of shape {shape} (or None, for zero) was expected."
             )
         cotangents.append(grad)
@@ -210,6 +218,5 @@ def filter_custom_vjp(fn: Callable[..., Any]) -> CustomVJP:
         >>> jax.grad(loss)(jnp.array([1.0, -2.0]))
         Array([1., 1.], dtype=float32)
     """
-    if not callable(fn):
-        raise TypeError(f"filter_custom_vjp expects a function, got {fn!r}.")
+    check_callable(fn, "filter_custom_vjp", "fn")
     return CustomVJP(fn)

@@ -1,4 +1,5 @@
-"""Error helpers shared by the filtered transforms."""
+"""Error helpers shared by the filtered transforms: naming a leaf by its path, refusing
+non-callables and graph objects, and making the traced function look like the user's."""
 
 import functools
 import inspect
@@ -7,8 +8,9 @@ from typing import Any
 
 import jax
 
-from pytree_filter import path_keys
+from pytree_filter import path_keys, path_text
 from pytree_module import Module
+from pytree_module.extend import is_pytree_class
 
 
 def describe_leaf(tree: Any, index: int, names: tuple[str, ...]) -> str:
@@ -18,15 +20,41 @@ def describe_leaf(tree: Any, index: int, names: tuple[str, ...]) -> str:
         return f"leaf {index}"
     keys = path_keys(paths[index])
     text = names[keys[0]] if keys and isinstance(keys[0], int) and keys[0] < len(names) else ""
-    for key in keys[1:]:
-        text += f".{key}" if isinstance(key, str) and key.isidentifier() else f"[{key!r}]"
+    text += path_text(keys[1:], root="")
     return f"the leaf at {text or 'the top level'}"
+
+
+def check_callable(
+    value: Any,
+    transform: str,
+    argument: str = "fun",
+    *,
+    what: str = "a function",
+    spelling: str | None = None,
+) -> None:
+    """Refuse a `value` that is not callable, passed where `transform` takes a function.
+
+    The message names the transform and the argument, shows what was passed, and shows the
+    fix for the usual mistake, passing a function's result instead of the function:
+    `spelling` is how the call is written, with `{}` where the function goes (by default
+    `transform({})`).
+    """
+    if callable(value):
+        return
+    spelling = spelling or f"{transform}({{}})"
+    raise TypeError(
+        f"{transform} expects {what} as `{argument}`, but got {type(value).__name__} "
+        f"{value!r:.60}, which is not callable. It expects a callable: it needs `{argument}` "
+        "to be a function, a bound method or another object with `__call__` (a Module, say). "
+        "Pass the function itself, not the result of calling it: "
+        f"`{spelling.format('f')}`, not `{spelling.format('f(x)')}`."
+    )
 
 
 def check_pytree_objects(values: tuple[Any, ...], transform: str) -> None:
     """Refuse `pytree=False` Modules: they are graph objects, not pytrees."""
     for value in values:
-        if isinstance(value, Module) and not type(value).__module_pytree__:
+        if isinstance(value, Module) and not is_pytree_class(type(value)):
             kind = type(value).__name__
             raise TypeError(
                 f"{transform} got a {kind}, which is declared `pytree=False`: it is not a "

@@ -1,17 +1,38 @@
-"""`filter_jit`: `jax.jit` for functions of any pytrees, as fast as `jax.jit` itself."""
+"""`filter_jit` and the wrapper it returns: `jax.jit` for functions of any pytrees.
 
-import threading
-import weakref
-from collections import OrderedDict
+A call is dispatched in one place, `JitWrapper.__call__`:
+
+- **the fast path**, for wrappers with the default options (arrays traced, everything else
+  static, no donation or shardings): the leaf types decide what is traced, so the call is
+  matched to the last call's `Plan` by a C-level flatten and a comparison of leaf types;
+- **the general path** (`JitWrapper._call_general`), for every other wrapper, and for a call
+  of the fast path that may hold a shared object: flatten with the filters' mask, find shared
+  objects, and find the plan of that structure.
+
+Either way the call ends at the plan's `jax.jit` (`_jit_plan.py`). Ahead-of-time stages are in
+`_jit_stages.py`, and the naming of the user's leaves in errors in `_jit_diagnose.py`.
+"""
+
+import functools
 from collections.abc import Callable
 from typing import Any
 
-from pytree_filter import is_array
+import jax
+from jax.tree_util import PyTreeDef
 
-from ._arguments import ArgumentSpecs
-from ._jit_default import DefaultJitWrapper
-from ._jit_wrapper import JitWrapper
-from ._static_key import static_key
+from pytree_filter import flatten_with_mask, is_array
+from pytree_module import Module
+
+from ._arguments import ArgumentSpecs, TracedLeafNames
+from ._errors import check_callable, check_pytree_objects, present_as
+from ._jit_diagnose import diagnose_inputs, traced_leaf_names
+from ._jit_plan import Plan
+from ._jit_stages import Lowered
+from ._method import BindsAsMethod
+from ._outputs import PackedOutput, pack_output, unpack_output
+from ._sharing import Sharing, find_sharing, has_repeats, selected_once
+from ._static_key import KeyedStatics
+from ._wrapper_cache import WrapperCache
 
 _DONATE = ("none", "all", "all-except-first", "warn")
 # `jax.jit` options that depend on how the arguments are passed in.
@@ -71,8 +92,7 @@ def filter_jit(
     options = dict(donate=donate, default=default, fn=fn, args=args, kwargs=kwargs, out=out)
     if fun is None:
         return lambda f: filter_jit(f, **options, **jitkwargs)
-    if not callable(fun):
-        raise TypeError(f"filter_jit expects a callable to compile, got {fun!r}.")
+    check_callable(fun, "filter_jit")
     if donate not in _DONATE:
         raise ValueError(f"filter_jit(donate=...) must be one of {_DONATE}, got {donate!r}.")
     for name in ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames"):
@@ -86,51 +106,253 @@ def filter_jit(
     def build() -> JitWrapper:
         fn_spec = default if fn is None else fn
         specs = ArgumentSpecs("filter_jit", fun, default, fn_spec, args, kwargs)
-        plain = specs.trivial and default is is_array and out is is_array and donate == "none"
-        if plain and not _SHARDINGS & set(jitkwargs):
-            return DefaultJitWrapper(fun, specs, out, donate, jitkwargs)
         return JitWrapper(fun, specs, out, donate, jitkwargs)
 
     return _WRAPPERS.get((fun, options, jitkwargs), build)
 
 
-class _WrapperCache:
-    """The `filter_jit` wrappers made so far, by function and options, so that wrapping the
-    same function again (in a loop, or `filter_jit(filter_grad(f))` built twice) reuses the
-    wrapper and its compilations instead of tracing again.
+class JitWrapper(BindsAsMethod):
+    """The callable that `filter_jit` returns.
 
-    A wrapper stays findable while anything uses it, and the `_RECENT` last looked up stay
-    alive besides, so a wrapper made and dropped on every step of a loop is found again; older
-    ones are released with their functions. Functions or options that cannot be hashed get a
-    wrapper of their own every time.
+    It keeps an interned `Plan` per input structure (each with its `jax.jit`) and the last
+    plan used; every call checks that a plan fits its own inputs before using it, so what is
+    kept is only ever added to or replaced whole, and calls from several threads are safe.
     """
 
-    _RECENT = 32
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        specs: ArgumentSpecs,
+        out: Any,
+        donate: str,
+        jitkwargs: dict[str, Any],
+    ):
+        self._fun = fun
+        # A plain function (a leaf, not a pytree) is the same on every call: the flattened
+        # call holds a placeholder for it, so it need not be hashable, and `traced` puts it
+        # back. A callable pytree (a Module, a bound method) is flattened with the call.
+        self._fun_in_call = _THE_FUNCTION if _is_leaf(fun) else fun
+        self._specs = specs
+        self._out = out
+        self._donate = donate
+        self._jitkwargs = jitkwargs
+        # With the default options the leaf types alone decide what is traced: the fast path
+        # of `__call__` applies.
+        self._by_types = (
+            specs.trivial
+            and specs.default is is_array
+            and out is is_array
+            and donate == "none"
+            and not _SHARDINGS & set(jitkwargs)
+        )
+        self._plans: dict[PyTreeDef, list[Plan]] = {}
+        self._last: Plan | None = None
+        self._previous: Plan | None = None
+        functools.update_wrapper(self, fun, updated=())
 
-    def __init__(self) -> None:
-        self._live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-        self._recent: OrderedDict[Any, JitWrapper] = OrderedDict()
-        # Wrappers may be made from several threads; the recent list's moves must not
-        # interleave (a key popped by one thread between another's store and move).
-        self._lock = threading.Lock()
-
-    def get(self, options: Any, build: Callable[[], JitWrapper]) -> JitWrapper:
-        """The wrapper for `options` (the function, its options and jit options), or a new
-        one from `build()`."""
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._by_types:
+            return self._call_general(args, kwargs)
+        # The fast path. The leaf types decide what is traced, so a call is matched to the
+        # last call's plan by flattening along that plan's treedef (`flatten_up_to` checks
+        # node types, keys and static node data in one C call) and comparing leaf types;
+        # only a call of a new structure computes a mask. The traced arrays then go to the
+        # plan's `jax.jit` as one flat tuple, which JAX flattens and checks much faster than
+        # the Modules they came from, so the Python flatten here costs little more than the
+        # one `jax.jit` would make.
+        tree = (self._fun_in_call, args, kwargs)
+        plan = self._last
+        leaves = None
+        if plan is not None:
+            # A bare try costs nothing here; `contextlib.suppress` would add a context
+            # manager to every call.
+            try:  # noqa: SIM105
+                leaves = plan.treedef.flatten_up_to(tree)
+            except (TypeError, ValueError):  # another structure
+                pass
+        if leaves is None or plan.types != list(map(type, leaves)):
+            leaves, treedef = jax.tree.flatten(tree)
+            plan = self._plan_by_types(args, leaves, treedef, list(map(type, leaves)))
+            # Trying the last plan first pays only while calls keep one structure: a failed
+            # `flatten_up_to` raises an error whose message prints the whole tree. So it is
+            # tried again only once two calls in a row had the same plan.
+            self._last = plan if plan is self._previous else None
+            self._previous = plan
+        dynamic = plan.get_dynamic(leaves)
+        check = plan.repeat_check
+        if check is not None and check(dynamic):
+            # Flattening in Python is also what lets every call be checked for shared
+            # objects: one array stands at two places where one object could be reached
+            # twice (the plan knows where, from its treedef). The general path passes each
+            # shared object once.
+            return self._call_general(args, kwargs)
         try:
-            key = static_key(options)
-            wrapper = self._live.get(key)
-        except (TypeError, ValueError):  # unhashable, or an `==` that does not give a bool
-            return build()
-        if wrapper is None:
-            wrapper = build()
-        with self._lock:
-            wrapper = self._live.setdefault(key, wrapper)
-            self._recent[key] = wrapper
-            self._recent.move_to_end(key)
-            if len(self._recent) > self._RECENT:
-                self._recent.popitem(last=False)
-        return wrapper
+            if plan.fixed:
+                out = plan.jitted(dynamic)
+            else:
+                static = plan.get_static(leaves)
+                # `Plan.static_arg`, inlined.
+                out = plan.jitted(KeyedStatics(static) if plan.keyed else static, dynamic)
+        except (TypeError, ValueError):
+            diagnose_inputs(tree, leaves, plan, plan.get_static(leaves))
+            raise
+        # `unpack_output`, inlined: one Python call fewer on every call.
+        if type(out) is PackedOutput:
+            return out.static.rebuild(out.dynamic)
+        return out
+
+    def _call_general(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call of any options: split by the filters, shared objects passed once."""
+        tree, leaves, plan, static = self._split(args, kwargs)
+        try:
+            out = plan.jitted(*self._arguments(plan, leaves, static))
+        except (TypeError, ValueError):
+            diagnose_inputs(tree, leaves, plan, static)
+            raise
+        return unpack_output(out)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
+        """Trace and lower for these arguments, for ahead-of-time compilation.
+
+        Returns:
+            A `Lowered` whose `.compile()` gives a callable taking the same arguments.
+        """
+        plan, arguments = self._split_arguments(args, kwargs)
+        static_arg = None if plan.fixed else arguments[0]
+        return Lowered(plan.jitted.lower(*arguments), self._split_arguments, plan, static_arg)
+
+    def _plan_by_types(
+        self, args: tuple[Any, ...], leaves: list[Any], treedef: PyTreeDef, types: list[type]
+    ) -> Plan:
+        """The plan of a call of the fast path, whose mask follows from the leaf types."""
+        mask = [is_array(x) for x in leaves]
+        static_types = tuple(t for t, traced in zip(types, mask, strict=True) if not traced)
+        plan = self._plan(treedef, mask, static_types, args, types)
+        check_pytree_objects(plan.get_static(leaves), "filter_jit")
+        return plan
+
+    def _split(self, args: tuple[Any, ...], kwargs: dict[str, Any]):
+        """Flatten one call and split its leaves: `(tree, leaves, plan, static)`.
+
+        Where an object is reached by several paths of the call (a tied weight, a Module
+        passed twice), `leaves` are the unique ones and the plan's structure a `Sharing`:
+        the function sees one object at all its places, and it is traced once.
+        """
+        spec = self._specs.default if self._specs.trivial else self._specs.tree(args, kwargs)
+        tree = (self._fun_in_call, args, kwargs)
+        leaves, mask, treedef = flatten_with_mask(tree, spec)
+        structure: PyTreeDef | Sharing = treedef
+        traced = [x for x, m in zip(leaves, mask, strict=True) if m]
+        if has_repeats(traced):  # the cheap test; the walk only where it may find something
+            sharing = find_sharing(tree, treedef)
+            if sharing is not None:
+                mask = selected_once(sharing, tree, mask, "traced")
+                leaves = sharing.dedupe(leaves)
+                structure = sharing
+        static = tuple(x for x, traced in zip(leaves, mask, strict=True) if not traced)
+        plan = self._plan(structure, mask, tuple(map(type, static)), args)
+        if static:
+            check_pytree_objects(static, "filter_jit")
+        return tree, leaves, plan, static
+
+    def _arguments(self, plan: Plan, leaves: list[Any], static: tuple[Any, ...]) -> tuple:
+        """The arguments of `plan.jitted` for one call's leaves."""
+        dynamic = plan.get_dynamic(leaves)
+        if plan.fixed:
+            return (dynamic,)
+        static_arg = plan.static_arg(static)
+        if self._donate == "none":
+            return static_arg, dynamic
+        aliases, kept, donated = plan.donation(dynamic)
+        return (static_arg, aliases), kept, donated
+
+    def _split_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Plan, tuple]:
+        """The plan of one call and the arguments of its `jax.jit` (the `split` of the
+        ahead-of-time stages)."""
+        _, leaves, plan, static = self._split(args, kwargs)
+        return plan, self._arguments(plan, leaves, static)
+
+    def _plan(
+        self,
+        treedef: PyTreeDef | Sharing,
+        mask: list[Any],
+        static_types: tuple[type, ...],
+        args: tuple[Any, ...],
+        types: list[type] | None = None,
+    ) -> Plan:
+        """The interned plan of this structure (made, with its `jax.jit`, on first use)."""
+        plans = self._plans.setdefault(treedef, [])
+        for plan in plans:
+            if plan.mask == mask and plan.static_types == static_types:
+                return plan
+        kept = 0
+        if self._donate == "all-except-first":
+            # Leaves of `fun` and of the first argument come first in flat order.
+            full = treedef.treedef if isinstance(treedef, Sharing) else treedef
+            fun_def, args_def, _ = full.children()
+            kept = fun_def.num_leaves + (args_def.children()[0].num_leaves if args else 0)
+            if isinstance(treedef, Sharing):
+                kept = sum(1 for i in treedef.unique if i < kept)
+        fixed = self._donate == "none" and all(t is _TheFunction for t in static_types)
+        plan = Plan(treedef, mask, types, static_types, kept, fixed)
+        plan.jitted = self._jit(plan)
+        plans.append(plan)
+        return plan
+
+    def _jit(self, plan: Plan) -> Any:
+        """The `jax.jit` of calls of `plan`'s structure.
+
+        It takes the static argument (see `Plan.static_arg`) and then the traced leaves:
+        one tuple, or with donation `(static_arg, aliases)`, the kept leaves and the donated
+        ones (see `Plan.donation`).
+        """
+        out, donating = self._out, self._donate != "none"
+
+        def traced(static_arg: Any, *dynamic: tuple[Any, ...]) -> Any:
+            if donating:
+                static_arg, aliases = static_arg
+                leaves = plan.undo_donation(aliases, *dynamic)
+            else:
+                (leaves,) = dynamic
+            fun, args, kwargs = plan.treedef.unflatten(plan.merge(leaves, plan.statics(static_arg)))
+            if fun is _THE_FUNCTION:
+                fun = self._fun
+            return pack_output(fun(*args, **kwargs), out, "filter_jit")
+
+        # JAX keeps the signature in a cache entry keyed weakly by `traced`: what it holds
+        # must not lead back to `traced` (this wrapper, the plan, its `jax.jit`), or the
+        # entry would keep the wrapper and its function alive for good.
+        names = functools.partial(traced_leaf_names, self._fun, plan.treedef, tuple(plan.mask))
+        if plan.fixed:
+            statics = (_THE_FUNCTION,) * len(plan.static_types)
+
+            def traced_fixed(*dynamic: tuple[Any, ...]) -> Any:
+                return traced(statics, *dynamic)
+
+            present_as(traced_fixed, self._fun, TracedLeafNames(names, static=False))
+            return jax.jit(traced_fixed, **self._jitkwargs)
+        present_as(traced, self._fun, TracedLeafNames(names))
+        donate_argnums = (2,) if donating else ()
+        return jax.jit(traced, static_argnums=0, donate_argnums=donate_argnums, **self._jitkwargs)
 
 
-_WRAPPERS = _WrapperCache()
+class _TheFunction:
+    """The placeholder of a plain function in a flattened call (see `JitWrapper`)."""
+
+    def __repr__(self) -> str:
+        return "<the function>"
+
+
+_THE_FUNCTION = _TheFunction()
+
+
+def _is_leaf(fun: Any) -> bool:
+    # A `pytree=False` Module is a leaf too, but it stays in the call to be refused there
+    # (with a pointer to pytree_graph).
+    leaves = jax.tree.leaves(fun)
+    return len(leaves) == 1 and leaves[0] is fun and not isinstance(fun, Module)
+
+
+# The wrappers made so far, so that wrapping the same function again with equal options
+# reuses its wrapper and compilations (see `WrapperCache`).
+_WRAPPERS = WrapperCache()

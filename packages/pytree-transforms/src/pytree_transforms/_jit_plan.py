@@ -1,9 +1,11 @@
-"""How `filter_jit` splits one input structure into traced and static leaves.
+"""`Plan`: how `filter_jit` splits one input structure into traced and static leaves.
 
 A `Plan` is interned per (treedef, mask, types of the static leaves) in each wrapper, and owns
 the `jax.jit` that compiles calls of its structure. So the static argument JAX hashes and
 compares on every call is just the tuple of static leaves (wrapped in a `KeyedStatics` where
-their types alone do not decide equality, see `_static_key`).
+their types alone do not decide equality, see `_static_key`). Plans are shared by every call
+of their structure, from any thread: nothing in one changes after it is made, but for its
+`jitted`, set once by the wrapper that makes it, before anyone else sees it.
 """
 
 import operator
@@ -56,6 +58,7 @@ class Plan:
         types: list[type] | None,
         static_types: tuple[type, ...],
         kept_leaves: int,
+        fixed: bool,
     ):
         self.treedef = treedef
         self.mask = mask
@@ -76,11 +79,13 @@ class Plan:
         # The traced leaves never donated (those of `fun` and of the first argument, with
         # `donate="all-except-first"`) come first in flat order: they are the first `kept`.
         self.kept = sum(1 for i in dynamic if i < kept_leaves)
+        # The plan's `jax.jit`, set by the wrapper right after making the plan (it is a
+        # function of the plan).
         self.jitted: Any = None
         # Whether the static leaves are the same on every call (none, or only a plain
-        # function's placeholder): then `jitted` takes the traced leaves alone, and JAX has
-        # no static argument to hash and compare on each call.
-        self.fixed = False
+        # function's placeholder) and nothing is donated: then `jitted` takes the traced
+        # leaves alone, and JAX has no static argument to hash and compare on each call.
+        self.fixed = fixed
         # The test of the traced leaves that says a call may share an object (see
         # `repeat_test`), or None where no two objects of this structure could be one.
         self.repeat_check = None if isinstance(treedef, Sharing) else repeat_test(treedef, mask)

@@ -1,16 +1,18 @@
-"""Ahead-of-time compilation for `filter_jit`: `wrapper.lower(...)` and `.compile()`."""
+"""Ahead-of-time compilation for `filter_jit`: `wrapper.lower(...)` and `.compile()`.
+
+The stages know nothing of the wrapper: they get its `split` function, which turns a call's
+arguments into its plan and the arguments of the plan's `jax.jit`.
+"""
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ._jit_plan import Plan
 from ._outputs import unpack_output
 
-if TYPE_CHECKING:
-    from ._jit_plan import Plan
-
-# `split(args, kwargs)` gives a call's plan and the arguments of its `jax.jit`, the first of
-# which is static.
-Split = Callable[[tuple[Any, ...], dict[str, Any]], tuple["Plan", tuple[Any, ...]]]
+# `split(args, kwargs)` gives a call's plan and the arguments of its `jax.jit`: the static
+# argument first, unless the plan is `fixed`.
+Split = Callable[[tuple[Any, ...], dict[str, Any]], tuple[Plan, tuple[Any, ...]]]
 
 
 class Lowered:
@@ -19,7 +21,7 @@ class Lowered:
     The `jax.stages.Lowered` it wraps is `.lowered`.
     """
 
-    def __init__(self, lowered: Any, split: Split, plan: "Plan", static_arg: Any):
+    def __init__(self, lowered: Any, split: Split, plan: Plan, static_arg: Any):
         self.lowered = lowered
         self._split = split
         self._plan = plan
@@ -57,7 +59,7 @@ class Compiled:
     The `jax.stages.Compiled` it wraps is `.compiled`.
     """
 
-    def __init__(self, compiled: Any, split: Split, plan: "Plan", static_arg: Any):
+    def __init__(self, compiled: Any, split: Split, plan: Plan, static_arg: Any):
         self.compiled = compiled
         self._split = split
         self._plan = plan

@@ -1,4 +1,13 @@
-"""Outputs of filtered transforms: traced leaves out through JAX, the rest alongside."""
+"""Outputs of filtered transforms: traced leaves out through JAX, the rest in the treedef.
+
+This is how every filtered transform gets the static (non-array) parts of an output out of a
+trace: the traced function returns its traced leaves together with a `StaticOutput`, a pytree
+node without leaves (`jax.tree_util.register_static`), so JAX carries it out in the output's
+treedef and the caller rebuilds the output from it. No state outlives the trace, so the same
+function may be traced again, or from several threads, at once. (`_axes.MappedOutput` does the
+same for mapped outputs. Only `filter_custom_vjp` keeps its output's static part aside; its
+module says why.)
+"""
 
 from typing import Any
 
@@ -15,7 +24,8 @@ class StaticOutput:
 
     It is a pytree node with no children whose treedef entry is itself, so it travels out of
     `jax.jit` (or any transform) inside the output's treedef and comes back as the very
-    object that was created while tracing. Where the output holds a shared object (one
+    object that was created while tracing. It compares and hashes by identity: it stands for
+    the output of one trace. Where the output holds a shared object (one
     object at several places), `sharing` says so: `mask` and `static` then cover the unique
     leaves only, and rebuilding makes one object for every place it appeared.
     """
@@ -51,7 +61,7 @@ class StaticOutput:
         return self.treedef.unflatten(leaves)
 
 
-jax.tree_util.register_pytree_node(StaticOutput, lambda s: ((), s), lambda s, _: s)
+jax.tree_util.register_static(StaticOutput)
 
 
 def split_output(out: Any, out_spec: Any, transform: str) -> tuple[list[Any], StaticOutput]:

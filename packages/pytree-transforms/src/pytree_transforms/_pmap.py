@@ -13,7 +13,7 @@ from pytree_filter import is_array
 
 from ._arguments import ArgumentSpecs
 from ._axes import DEFAULT_AXES, UNSET, axes_of, merge_axis_options, split_mapped_output
-from ._errors import check_pytree_objects
+from ._errors import check_callable, check_pytree_objects
 from ._method import BindsAsMethod
 from ._wrapper_cache import FunctionRef, shared_cache
 
@@ -63,6 +63,9 @@ class _Compilations:
 
 
 class _PmapWrapper(BindsAsMethod):
+    """The function `filter_pmap` returns: it splits each call and hands it to the shared
+    `_Compilations` of its function and options (see `_wrapper_cache.shared_cache`)."""
+
     def __init__(
         self,
         fun: Callable[..., Any],
@@ -169,8 +172,7 @@ def filter_pmap(
     )
     if fun is None:
         return lambda f: filter_pmap(f, **options, **pmapkwargs)
-    if not callable(fun):
-        raise TypeError(f"filter_pmap expects a function, got {fun!r}.")
+    check_callable(fun, "filter_pmap")
     if "static_broadcasted_argnums" in pmapkwargs:
         raise TypeError(
             "filter_pmap takes no static_broadcasted_argnums: non-array arguments are static "

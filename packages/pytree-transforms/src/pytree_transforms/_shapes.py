@@ -1,4 +1,8 @@
-"""`filter_make_jaxpr` and `filter_eval_shape`: trace functions of any pytrees."""
+"""`filter_make_jaxpr` and `filter_eval_shape`: trace functions of any pytrees.
+
+Also `is_shaped`, what these two (and the transforms built on them) trace: a leaf with a shape
+and a dtype.
+"""
 
 import functools
 from collections.abc import Callable
@@ -8,10 +12,13 @@ import jax
 
 from pytree_filter import combine, is_array, partition
 
-from ._outputs import split_output
+from ._errors import check_callable
+from ._outputs import StaticOutput, split_output
 
 
-def _is_shaped(x: Any) -> bool:
+def is_shaped(x: Any) -> bool:
+    """Whether `x` stands for an array: it has `.shape` and `.dtype` (`jax.ShapeDtypeStruct`s
+    included)."""
     return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
@@ -39,21 +46,18 @@ def filter_make_jaxpr(fun: Callable[..., Any]) -> Callable[..., tuple[Any, Any, 
         (None, 'tag')
     """
 
+    check_callable(fun, "filter_make_jaxpr")
+
     @functools.wraps(fun)
     def make_jaxpr(*args: Any, **kwargs: Any) -> tuple[Any, Any, Any]:
-        dynamic, static = partition((args, kwargs), _is_shaped)
-        holder: list[Any] = []
+        dynamic, static = partition((args, kwargs), is_shaped)
 
-        def traced(dynamic: Any) -> list[Any]:
+        def traced(dynamic: Any) -> tuple[list[Any], StaticOutput]:
             call_args, call_kwargs = combine(dynamic, static)
-            out = fun(*call_args, **call_kwargs)
-            out, out_static = split_output(out, is_array, "filter_make_jaxpr")
-            holder[:] = [out_static]
-            return out
+            return split_output(fun(*call_args, **call_kwargs), is_array, "filter_make_jaxpr")
 
         shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), dynamic)
-        jaxpr, out_shapes = jax.make_jaxpr(traced, return_shape=True)(shapes)
-        out_static = holder[0]
+        jaxpr, (out_shapes, out_static) = jax.make_jaxpr(traced, return_shape=True)(shapes)
         return (
             jaxpr,
             out_static.rebuild(out_shapes, static_as_none=True),
@@ -83,15 +87,12 @@ def filter_eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
         ...                   jax.ShapeDtypeStruct((4, 2), jnp.float32), "out")
         {'name': 'out', 'y': ShapeDtypeStruct(shape=(4, 4), dtype=float32)}
     """
-    dynamic, static = partition((args, kwargs), _is_shaped)
-    holder: list[Any] = []
+    check_callable(fun, "filter_eval_shape", spelling="filter_eval_shape({}, x)")
+    dynamic, static = partition((args, kwargs), is_shaped)
 
-    def traced(dynamic: Any) -> list[Any]:
+    def traced(dynamic: Any) -> tuple[list[Any], StaticOutput]:
         call_args, call_kwargs = combine(dynamic, static)
-        out = fun(*call_args, **call_kwargs)
-        out, out_static = split_output(out, is_array, "filter_eval_shape")
-        holder[:] = [out_static]
-        return out
+        return split_output(fun(*call_args, **call_kwargs), is_array, "filter_eval_shape")
 
-    shapes = jax.eval_shape(traced, dynamic)
-    return holder[0].rebuild(shapes)
+    shapes, out_static = jax.eval_shape(traced, dynamic)
+    return out_static.rebuild(shapes)

@@ -23,6 +23,8 @@ from typing import Any
 import jax
 from jax.tree_util import PyTreeDef
 
+from pytree_filter import path_text
+
 _flatten_one_level = jax.tree_util.default_registry.flatten_one_level
 
 
@@ -225,7 +227,7 @@ def describe_positions(tree: Any, treedef: PyTreeDef, positions: Sequence[int]) 
     paths, _ = jax.tree_util.tree_flatten_with_path(tree)
     if len(paths) != treedef.num_leaves:
         return [f"leaf {i}" for i in positions]
-    return [jax.tree_util.keystr(paths[i][0]) or "the root" for i in positions]
+    return [path_text(paths[i][0], root="the root") for i in positions]
 
 
 def repeat_test(treedef: PyTreeDef, mask: Sequence[Any]) -> Callable[[Sequence[Any]], bool] | None:

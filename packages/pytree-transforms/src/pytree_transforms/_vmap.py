@@ -15,10 +15,13 @@ from ._axes import (
     merge_axis_options,
     split_mapped_output,
 )
+from ._errors import check_callable
 from ._method import BindsAsMethod
 
 
 class _VmapWrapper(BindsAsMethod):
+    """The function `filter_vmap` returns."""
+
     def __init__(
         self,
         fun: Callable[..., Any],
@@ -41,25 +44,22 @@ class _VmapWrapper(BindsAsMethod):
                 "filter_vmap: no input is mapped over (every leaf has axis None), so the "
                 "batch size is unknown. Pass `axis_size=` or map an array argument."
             )
-        holder: list[MappedOutput] = []
 
-        def batched(mapped_leaves: list[Any]) -> tuple[list[Any], list[Any]]:
+        def batched(mapped_leaves: list[Any]) -> tuple[list[Any], list[Any], MappedOutput]:
             full = list(leaves)
             for i, leaf in zip(mapped, mapped_leaves, strict=True):
                 full[i] = leaf
             fun, call_args, call_kwargs = treedef.unflatten(full)
-            out = fun(*call_args, **call_kwargs)
-            with_axis, unmapped, layout = split_mapped_output(self._out, out, "filter_vmap")
-            holder[:] = [layout]
-            return with_axis, unmapped
+            # The `MappedOutput` has no leaves: it leaves `jax.vmap` in the output treedef.
+            return split_mapped_output(self._out, fun(*call_args, **call_kwargs), "filter_vmap")
 
-        with_axis, unmapped = jax.vmap(
+        with_axis, unmapped, layout = jax.vmap(
             batched,
             in_axes=([axes[i] for i in mapped],),
-            out_axes=(0, None),
+            out_axes=(0, None, None),
             **self._vmapkwargs,
         )([leaves[i] for i in mapped])
-        return holder[0].rebuild(with_axis, unmapped)
+        return layout.rebuild(with_axis, unmapped)
 
 
 def filter_vmap(
@@ -130,8 +130,7 @@ def filter_vmap(
     )
     if fun is None:
         return lambda f: filter_vmap(f, **options, **vmapkwargs)
-    if not callable(fun):
-        raise TypeError(f"filter_vmap expects a function, got {fun!r}.")
+    check_callable(fun, "filter_vmap")
     default, args, out = merge_axis_options("filter_vmap", in_axes, out_axes, default, args, out)
     if axis_name is not None:
         vmapkwargs["axis_name"] = axis_name

@@ -1,11 +1,75 @@
-"""Compilation caches shared by the wrappers made around one function with equal options."""
+"""What lets a transform built again around the same function reuse its compilations.
 
+Wrapping a function anew (in a loop, or `filter_jit(filter_grad(f))` built twice) must not
+trace again. Two caches do this, and they differ in what they keep:
+
+- `WrapperCache` (`filter_jit`) keeps whole wrappers, found by the function and options
+  compared by value, so callables that compare equal (a bound method made again, a Module)
+  share too. A wrapper holds its function, so it cannot be kept for as long as the function
+  lives (the entry would keep the function alive): wrappers in use are found through weak
+  references, and the last few looked up are kept besides.
+- `shared_cache` (`filter_pmap`) keeps only the compilations, which hold the function weakly
+  (`FunctionRef`), so they can live exactly as long as the function: keyed weakly by a plain
+  function's identity, they never expire while it lives and never keep it alive.
+
+Neither can take the other's place without changing what is found: `WrapperCache` would
+forget a pmap's compilations after a few other wrappers, and `shared_cache` cannot hold a
+`filter_jit` wrapper (whose fast path keeps the function and its plans at hand) without
+keeping the function alive.
+"""
+
+import threading
 import types
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
+
+from ._static_key import static_key
+
+_Wrapper = TypeVar("_Wrapper")
+
+
+class WrapperCache:
+    """Wrappers made so far, by function and options, so that wrapping the same function
+    again (in a loop, or `filter_jit(filter_grad(f))` built twice) reuses the wrapper and its
+    compilations instead of tracing again.
+
+    A wrapper stays findable while anything uses it, and the `RECENT` last looked up stay
+    alive besides, so a wrapper made and dropped on every step of a loop is found again; older
+    ones are released with their functions. Functions or options that cannot be hashed get a
+    wrapper of their own every time.
+    """
+
+    RECENT = 32
+
+    def __init__(self) -> None:
+        self._live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._recent: OrderedDict[Any, Any] = OrderedDict()
+        # Wrappers may be made from several threads; the recent list's moves must not
+        # interleave (a key popped by one thread between another's store and move).
+        self._lock = threading.Lock()
+
+    def get(self, options: Any, build: Callable[[], _Wrapper]) -> _Wrapper:
+        """The wrapper for `options` (the function, its options and the options passed on
+        to JAX; compared by `static_key`), or a new one from `build()`."""
+        try:
+            key = static_key(options)
+            wrapper = self._live.get(key)
+        except (TypeError, ValueError):  # unhashable, or an `==` that does not give a bool
+            return build()
+        if wrapper is None:
+            wrapper = build()
+        with self._lock:
+            wrapper = self._live.setdefault(key, wrapper)
+            self._recent[key] = wrapper
+            self._recent.move_to_end(key)
+            if len(self._recent) > self.RECENT:
+                self._recent.popitem(last=False)
+        return wrapper
+
 
 # function -> {options key -> cache}. Weak in the function: its entries go when it does.
 _SHARED: weakref.WeakKeyDictionary[Callable[..., Any], dict[Any, Any]] = weakref.WeakKeyDictionary()

@@ -1,0 +1,338 @@
+"""`pytree_module.extend`: every name of the extension surface, as library authors use it."""
+
+import ast
+import inspect
+import itertools
+import re
+import traceback
+import types
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import wadler_lindig
+
+from pytree_module import Module, data, extend, field, static
+from pytree_module.extend import (
+    Layout,
+    MutationCount,
+    TreedefEntry,
+    blank_instance,
+    constructor_pdoc,
+    current_trace_token,
+    flat_form,
+    is_frozen_class,
+    is_pytree_class,
+    mutations,
+    rebuild_into,
+    same_trace,
+    touch,
+    trace_of,
+)
+
+
+class Scale(Module):
+    factor: jax.Array
+    name: str = field(static=True)
+    sizes: list = field(static=True, default_factory=list)
+
+
+class Shift(Module):
+    offset: jax.Array
+
+
+class Frozen(Module, frozen=True):
+    value: jax.Array
+
+
+class FrozenChild(Frozen):
+    pass
+
+
+class Node(Module, pytree=False):
+    def __init__(self):
+        self.value = 1
+
+
+# ------------------------------------------------------------------------ docstrings
+
+
+def _attribute_docstrings(module: types.ModuleType) -> set[str]:
+    """Names assigned at the top of `module` and followed by a string (attribute docstrings)."""
+    body = ast.parse(Path(inspect.getfile(module)).read_text()).body
+    documented = set()
+    for statement, following in itertools.pairwise(body):
+        target = None
+        if isinstance(statement, ast.AnnAssign):
+            target = statement.target
+        elif isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+            target = statement.targets[0]
+        target = target.id if isinstance(target, ast.Name) else None
+        if (
+            target is not None
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+            and following.value.value.strip()
+        ):
+            documented.add(target)
+    return documented
+
+
+def _own_docstring(obj: object) -> str | None:
+    """The docstring a function or class was given itself (not one inherited from its type)."""
+    if isinstance(obj, type):
+        return vars(obj).get("__doc__")
+    if isinstance(obj, types.FunctionType):
+        return obj.__doc__
+    return None
+
+
+@pytest.mark.parametrize("name", extend.__all__)
+def test_every_public_name_has_a_docstring(name):
+    obj = getattr(extend, name)
+    documented = (_own_docstring(obj) or "").strip() or name in _attribute_docstrings(extend)
+    assert documented, f"pytree_module.extend.{name} has neither a docstring nor an attribute one"
+
+
+def test_all_lists_exactly_the_public_names():
+    public = {n for n, v in vars(extend).items() if not n.startswith("_")}
+    imported_modules = {n for n, v in vars(extend).items() if isinstance(v, types.ModuleType)}
+    helpers = {"Any", "Callable", "Sequence", "Module"}
+    assert set(extend.__all__) == public - imported_modules - helpers
+
+
+# ------------------------------------------------------------------------ flat forms
+
+
+def test_flat_form_is_what_jax_flattens_and_the_entry_rebuilds():
+    scale = Scale(jnp.ones(2), "s", [1, 2])
+    children, entry = flat_form(scale)
+    assert children == tuple(jax.tree_util.tree_leaves(scale))
+    assert jax.tree_util.tree_structure(scale) == jax.tree_util.tree_structure(entry(children))
+    rebuilt = entry((jnp.zeros(2),))
+    assert type(rebuilt) is Scale
+    assert rebuilt.name == "s" and rebuilt.sizes == [1, 2]
+    np.testing.assert_array_equal(rebuilt.factor, jnp.zeros(2))
+    # Static lists are copied on each rebuild: rebuilt modules never alias them.
+    assert rebuilt.sizes is not scale.sizes
+    assert flat_form(rebuilt)[1] is entry
+
+
+def test_flat_form_has_no_entry_while_init_runs():
+    seen = []
+
+    class Probe(Module):
+        def __init__(self):
+            self.weight = jnp.ones(2)
+            seen.append(flat_form(self)[1])
+
+    Probe()
+    assert seen == [None]
+
+
+def test_treedef_entry_has_the_attributes_its_protocol_declares():
+    scale = Scale(jnp.ones(2), "s")
+    children, entry = flat_form(scale)
+    declared = {n for n in vars(TreedefEntry).get("__annotations__", {})}
+    assert declared == {"layout", "statics", "get_data"}
+    for name in declared:
+        assert hasattr(entry, name), name
+    assert entry.statics == ("s", [])
+    assert entry.get_data(vars(scale)) == children
+    assert entry.__name__ == "Scale(name='s', sizes=[])"
+    assert callable(entry)
+
+
+def test_layout_describes_the_structure_and_is_shared():
+    a, b = Scale(jnp.ones(2), "a"), Scale(jnp.zeros(3), "b")
+    layout = flat_form(a)[1].layout
+    assert isinstance(layout, Layout)
+    assert layout is flat_form(b)[1].layout
+    assert layout.cls is Scale
+    assert layout.data_keys == ("factor",)
+    assert layout.static_keys == ("name", "sizes")
+    assert layout.key_entries == (jax.tree_util.GetAttrKey("factor"),)
+    assert repr(layout) == "Layout(Scale, data=('factor',), static=('name', 'sizes'))"
+    # Equal static values share one entry; other values make another.
+    assert flat_form(a)[1] is flat_form(Scale(jnp.ones(1), "a"))[1]
+    assert flat_form(a)[1] is not flat_form(b)[1]
+
+
+def test_layout_rebuild_into_fills_an_existing_instance():
+    _, entry = flat_form(Scale(jnp.ones(2), "s", [3]))
+    target = blank_instance(Scale)
+    entry.layout.rebuild_into(target, [jnp.zeros(2)], entry)
+    assert target.name == "s" and target.sizes == [3]
+    assert target.sizes is not entry.statics[1]
+    assert flat_form(target)[1] is entry
+    assert isinstance(flat_form(target)[0], tuple)
+
+
+def test_a_traceback_through_a_rebuild_shows_the_generated_builder():
+    _, entry = flat_form(Shift(jnp.ones(2)))
+    with pytest.raises(IndexError) as raised:
+        entry(())  # no leaf for `offset`
+    innermost = traceback.extract_tb(raised.tb)[-1]
+    expected = rf"<pytree_module {re.escape(Shift.__module__)}\.Shift builder #\d+>"
+    assert re.fullmatch(expected, innermost.filename), innermost.filename
+    assert innermost.line == "d['offset'] = children[0]"
+    shown = "".join(traceback.format_exception(raised.value))
+    assert f'File "{innermost.filename}", line {innermost.lineno}, in build' in shown
+    assert "d['offset'] = children[0]" in shown
+
+
+# ------------------------------------------------------------------------ class facts
+
+
+def test_class_facts():
+    assert is_pytree_class(Scale) and not is_pytree_class(Node)
+    assert is_frozen_class(Frozen) and is_frozen_class(FrozenChild)
+    assert not is_frozen_class(Scale) and not is_frozen_class(Node)
+
+    class Thawed(Frozen, frozen=False):
+        pass
+
+    class NodeChild(Node):
+        pass
+
+    assert not is_frozen_class(Thawed)
+    assert not is_pytree_class(NodeChild)
+
+
+# ------------------------------------------------------------------------ making and filling
+
+
+def test_blank_instance_has_no_attributes_and_belongs_to_this_trace():
+    blank = blank_instance(Scale)
+    assert type(blank) is Scale
+    assert vars(blank) == {}
+    assert same_trace(trace_of(blank))
+
+    @jax.jit
+    def inside(x):
+        made = blank_instance(Shift)
+        assert same_trace(trace_of(made))
+        assert not same_trace(trace_of(blank))
+        return x
+
+    inside(1.0)
+
+
+def test_blank_instance_of_a_graph_class_is_filled_by_object_setattr():
+    node = blank_instance(Node)
+    object.__setattr__(node, "value", 2)
+    assert node.value == 2
+
+
+@pytest.mark.parametrize("bad", [dict, Scale(jnp.ones(2), "s"), "Scale"])
+def test_blank_instance_refuses_what_is_not_a_module_class(bad):
+    with pytest.raises(TypeError, match="blank_instance expects a subclass of Module"):
+        blank_instance(bad)
+
+
+def test_rebuild_into_fills_a_blank_instance_and_records_the_write():
+    _, entry = flat_form(Scale(jnp.ones(2), "s", [1]))
+    target = blank_instance(Scale)
+    before = mutations.count
+    rebuild_into(target, entry, (jnp.zeros(2),))
+    assert mutations.count == before + 1
+    assert target.name == "s" and target.sizes == [1]
+    np.testing.assert_array_equal(target.factor, jnp.zeros(2))
+    assert flat_form(target)[1] is entry
+    # The filled instance behaves as any other: assignment keeps its leaves in step.
+    target.factor = jnp.full(2, 3.0)
+    np.testing.assert_array_equal(jax.tree_util.tree_leaves(target)[0], jnp.full(2, 3.0))
+
+
+def test_rebuild_into_replaces_the_attributes_of_an_existing_instance():
+    target = Scale(jnp.ones(2), "old")
+    target.extra = 5
+    _, entry = flat_form(Scale(jnp.zeros(2), "new"))
+    rebuild_into(target, entry, [jnp.zeros(2)])
+    assert vars(target).keys() == {"factor", "name", "sizes"}
+    assert target.name == "new"
+
+
+def test_rebuild_into_refuses_an_entry_of_another_class_and_changes_nothing():
+    target = Scale(jnp.ones(2), "s")
+    held = flat_form(target)
+    _, other = flat_form(Shift(jnp.zeros(2)))
+    before = mutations.count
+    with pytest.raises(TypeError, match=r"the entry builds Shift instances, but the module is a"):
+        rebuild_into(target, other, (jnp.zeros(2),))
+    assert mutations.count == before
+    assert flat_form(target) is held and target.name == "s"
+
+
+def test_rebuild_into_refuses_an_entry_of_a_parent_class():
+    class Child(Shift):
+        pass
+
+    _, parent_entry = flat_form(Shift(jnp.zeros(2)))
+    with pytest.raises(TypeError, match="Pass an entry taken from a Child"):
+        rebuild_into(blank_instance(Child), parent_entry, (jnp.zeros(2),))
+
+
+# ------------------------------------------------------------------------ traces
+
+
+def test_trace_tokens():
+    outside = current_trace_token()
+    assert same_trace(outside)
+    module = Shift(jnp.ones(2))
+    assert same_trace(trace_of(module))
+
+    @jax.jit
+    def inside(m):
+        assert not same_trace(outside)
+        assert not same_trace(trace_of(module))
+        # A module passed in is rebuilt by unflattening, in this trace.
+        assert same_trace(trace_of(m))
+        assert same_trace(current_trace_token())
+        return m
+
+    inside(module)
+
+
+# ------------------------------------------------------------------------ mutation count
+
+
+def test_touch_and_the_writes_that_call_it():
+    assert isinstance(mutations, MutationCount)
+    start = mutations.count
+    touch()
+    assert mutations.count == start + 1
+    module = Shift(jnp.ones(2))  # construction changes no existing object
+    assert mutations.count == start + 1
+    module.offset = jnp.zeros(2)
+    assert mutations.count == start + 2
+    module.label = static("x")
+    assert mutations.count == start + 3
+    del module.label
+    assert mutations.count == start + 4
+    node = Node()
+    node.value = data(jnp.ones(1))
+    assert mutations.count == start + 5
+
+
+def test_a_refused_assignment_is_not_counted():
+    frozen = Frozen(jnp.ones(2))
+    start = mutations.count
+    with pytest.raises(AttributeError, match="frozen"):
+        frozen.value = jnp.zeros(2)
+    assert mutations.count == start
+
+
+# ------------------------------------------------------------------------ printing
+
+
+def test_constructor_pdoc_prints_objects_as_modules_print():
+    class Pair:
+        def __pdoc__(self, **kwargs):
+            return constructor_pdoc(self, [("a", 1), ("b", "x")], **kwargs)
+
+    assert wadler_lindig.pformat(Pair()) == "Pair(a=1, b='x')"
+    assert wadler_lindig.pformat(Pair(), width=8) == "Pair(\n  a=1,\n  b='x'\n)"

@@ -1,0 +1,14 @@
+"""The extension surface of pytree_transforms, for libraries that write transforms of their own.
+
+`pytree_transforms`' top level is for users; this module is for library authors (pytree_graph
+is one). Everything here is declared and tested: a patch release never changes it, a minor
+release may add to it, and only a major release may change or remove a name (see the
+"Versions" page of the docs).
+
+- `BindsAsMethod`: the base class of transform wrappers, so that a transformed function
+  stored as a class attribute binds like a method (`model.step(x)` passes `model`).
+"""
+
+from ._method import BindsAsMethod
+
+__all__ = ["BindsAsMethod"]
