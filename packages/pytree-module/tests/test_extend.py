@@ -1,12 +1,14 @@
 """`pytree_module.extend`: every name of the extension surface, as library authors use it."""
 
 import ast
+import collections
 import inspect
 import itertools
 import re
 import traceback
 import types
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -336,3 +338,102 @@ def test_constructor_pdoc_prints_objects_as_modules_print():
 
     assert wadler_lindig.pformat(Pair()) == "Pair(a=1, b='x')"
     assert wadler_lindig.pformat(Pair(), width=8) == "Pair(\n  a=1,\n  b='x'\n)"
+
+
+# ------------------------------------------------------------------------ static keys
+
+
+class _Point(NamedTuple):
+    x: float
+
+
+class _Scale(float):
+    pass
+
+
+class _Phase(complex):
+    pass
+
+
+# Pairs that `==` calls equal but that a traced function can tell apart.
+_LOOKALIKE_STATICS = [
+    pytest.param(1, 1.0, id="int-float"),
+    pytest.param(1, True, id="int-bool"),
+    pytest.param(0.0, -0.0, id="signed-zero"),
+    pytest.param(float("nan"), -float("nan"), id="signed-nan"),
+    pytest.param(complex(0.0, 0.0), complex(0.0, -0.0), id="complex"),
+    pytest.param(np.float64(0.0), np.float64(-0.0), id="numpy-float64"),
+    pytest.param(np.float32(1.0), 1.0, id="numpy-float32-and-float"),
+    pytest.param(np.float16(0.0), np.float16(-0.0), id="numpy-float16"),
+    pytest.param(np.complex64(0.0), np.complex64(-0.0), id="numpy-complex64"),
+    pytest.param(_Scale(0.0), _Scale(-0.0), id="float-subclass"),
+    pytest.param(_Phase(0.0), _Phase(-0.0), id="complex-subclass"),
+    pytest.param(_Point(0.0), _Point(-0.0), id="namedtuple"),
+    pytest.param(_Point(np.float64(0.0)), _Point(np.float64(-0.0)), id="namedtuple-numpy"),
+    pytest.param(_Point(1.0), (1.0,), id="namedtuple-and-tuple"),
+    pytest.param((1, [0.0]), (1, [-0.0]), id="nested"),
+    pytest.param([0.0], [-0.0], id="list"),
+    pytest.param({"a": 0.0}, {"a": -0.0}, id="dict-value"),
+    pytest.param({1: "a"}, {True: "a"}, id="dict-key"),
+    pytest.param({"a": 1, "b": 2}, {"b": 2, "a": 1}, id="dict-order"),
+    pytest.param(collections.OrderedDict(a=1), {"a": 1}, id="dict-subclass"),
+    pytest.param({0.0}, {-0.0}, id="set"),
+    pytest.param(frozenset({1}), {1}, id="frozenset-and-set"),
+]
+
+
+@pytest.mark.parametrize(("first", "second"), _LOOKALIKE_STATICS)
+def test_static_key_tells_apart_values_that_compare_equal(first, second):
+    assert first == second or first != first  # the premise: `==` calls them equal (or NaN)
+    assert extend.static_key(first) != extend.static_key(second)
+    hash(extend.static_key(first))
+
+
+# Equal values of one type, made as distinct objects.
+_TWIN_STATICS = [
+    pytest.param(lambda: float("0.5"), id="float"),
+    pytest.param(lambda: float("nan"), id="nan"),
+    pytest.param(lambda: np.float32("nan"), id="numpy-nan"),
+    pytest.param(lambda: complex(float("nan"), -0.0), id="complex-nan"),
+    pytest.param(lambda: _Point(np.float64(-0.0)), id="namedtuple"),
+    pytest.param(lambda: {"a": [1, 2.5], "b": {None}}, id="nested-containers"),
+    pytest.param(lambda: "".join(["re", "lu"]), id="str"),
+    pytest.param(lambda: jax.nn.relu, id="function"),
+    pytest.param(lambda: jnp.float32, id="dtype-class"),
+]
+
+
+@pytest.mark.parametrize("make", _TWIN_STATICS)
+def test_static_key_is_equal_for_equal_values_of_one_type(make):
+    first, second = make(), make()
+    assert extend.static_key(first) == extend.static_key(second)
+    assert hash(extend.static_key(first)) == hash(extend.static_key(second))
+
+
+def test_static_key_compares_other_values_with_their_own_eq():
+    class Tag:
+        def __init__(self, name):
+            self.name = name
+
+        def __eq__(self, other):
+            return type(other) is Tag and other.name == self.name
+
+        def __hash__(self):
+            return hash(self.name)
+
+    assert extend.static_key(Tag("a")) == extend.static_key(Tag("a"))
+    assert extend.static_key(Tag("a")) != extend.static_key(Tag("b"))
+    assert extend.static_key(Tag("a")) == (Tag, Tag("a"))
+
+
+def test_static_key_is_the_key_of_treedef_entries():
+    # Two modules share an entry (a treedef, a compilation) exactly when their statics'
+    # keys are equal.
+    made = [
+        Scale(jnp.ones(1), "a", sizes)
+        for sizes in ([0.0], [-0.0], [0.0], [False], [0], [_Point(0.0)], [_Point(-0.0)], (0.0,))
+    ]
+    for a, b in itertools.combinations(made, 2):
+        same_entry = flat_form(a)[1] is flat_form(b)[1]
+        same_key = extend.static_key(a.sizes) == extend.static_key(b.sizes)
+        assert same_entry == same_key

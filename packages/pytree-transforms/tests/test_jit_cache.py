@@ -123,3 +123,12 @@ def test_one_wrapper_called_from_several_threads_gives_each_its_own_result(count
         results = list(pool.map(work, range(8)))
     assert results == [[float(n)] * 20 for n in range(8)]
     assert 8 <= len(traces) <= 16  # one trace per static value, a few more if threads raced
+
+
+def test_keyword_options_in_another_order_share_compilations(counting):
+    fun, traces = counting(lambda x: x + 1)
+    filter_jit(fun, inline=True, keep_unused=True)(jnp.ones(1))
+    filter_jit(fun, keep_unused=True, inline=True)(jnp.ones(1))
+    assert len(traces) == 1
+    grads = filter_grad(fun, holomorphic=False, allow_int=True)
+    assert grads == filter_grad(fun, allow_int=True, holomorphic=False)

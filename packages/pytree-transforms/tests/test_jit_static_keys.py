@@ -9,6 +9,7 @@ import pytest
 
 from pytree_module import Module, field
 from pytree_transforms import filter_jit
+from pytree_transforms._static_key import needs_static_key, static_key
 
 
 def test_an_int_then_an_equal_float_gives_the_float_result():
@@ -85,3 +86,46 @@ def test_module_static_fields_of_another_type_retrace():
     x = jnp.ones(1, jnp.int32)
     assert f(Scale(1), x).dtype == jnp.int32
     assert f(Scale(1.0), x).dtype == jnp.float32
+
+
+def test_a_nan_of_the_other_sign_retraces(counting):
+    # NaNs are compared by their bits: one NaN equals another with the same bits (no retrace),
+    # but the sign of a NaN reaches the traced function (`copysign`), so it is another key.
+    fun, traces = counting(lambda z, x: x + math.copysign(1.0, z))
+    f = filter_jit(fun)
+    nan = float("nan")
+    assert f(nan, jnp.zeros(1)).tolist() == [1.0]
+    assert f(-nan, jnp.zeros(1)).tolist() == [-1.0]
+    assert f(float("nan"), jnp.zeros(1)).tolist() == [1.0]
+    assert len(traces) == 2
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        1,
+        True,
+        "a",
+        b"a",
+        None,
+        len,
+        np.int32(3),
+        0.5,
+        np.float64(0.5),
+        np.float32(0.5),
+        1j,
+        (1,),
+        [1],
+        {"a": 1},
+        {1},
+        frozenset({1}),
+    ],
+    ids=repr,
+)
+def test_values_not_keyed_by_contents_are_keyed_as_they_are(value):
+    # filter_jit passes static leaves of the other types to JAX as they are: they must be
+    # exactly the values `static_key` keys as `(type, value)`.
+    if not needs_static_key([type(value)]):
+        assert static_key(value) == (type(value), value)
+    else:
+        assert static_key(value) != (type(value), value)

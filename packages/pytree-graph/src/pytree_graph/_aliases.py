@@ -12,15 +12,16 @@ from typing import Any
 
 from pytree_filter import path_text
 
-from ._boundary import Call, Lifted
+from ._boundary import Call
+from ._lift import LiftedCall, lift_walked
 from ._traverse import GraphWalk, Path
 
 
-def lift_recording_aliases(tree: Any) -> tuple[Lifted, GraphWalk]:
-    """The `Lifted` of `tree`, and its walk, which recorded every path to each Module
+def lift_recording_aliases(tree: Any) -> tuple[LiftedCall, GraphWalk]:
+    """The `LiftedCall` of `tree`, and its walk, which recorded every path to each Module
     and Variable (for `leaf_aliases` and `check_one_spec`)."""
     walk = GraphWalk(record_shared=True)
-    return Lifted.of_walk(walk, walk.graphdef(tree)), walk
+    return lift_walked(walk, walk.graphdef(tree)), walk
 
 
 def leaf_aliases(walk: GraphWalk) -> dict[int, list[Path]]:

@@ -11,8 +11,9 @@ from pytree_filter import is_inexact_array_like, path_text, to_predicate
 from pytree_transforms.extend import BindsAsMethod
 
 from ._aliases import check_one_spec, lift_recording_aliases
-from ._boundary import Call, Inside, Lifted, holds_modules, value_of
+from ._boundary import Call, Inside, holds_modules
 from ._errors import check_callable
+from ._lift import LiftedCall, value_of
 from ._records import DICT, LEAF, LIST, PYTREE, TUPLE, VARIABLE
 from ._state import State
 from ._variables import Param, Variable
@@ -122,7 +123,7 @@ class _GraphValueAndGrad(BindsAsMethod):
 
     def _gradient_of(
         self,
-        lifted: Lifted,
+        lifted: LiftedCall,
         argument: int,
         is_graph: bool,
         by_position: dict[int, Any],

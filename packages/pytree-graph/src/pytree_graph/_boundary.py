@@ -1,14 +1,17 @@
-"""Carrying object graphs into a JAX transform, and what changed inside back out.
+"""The inside of a graph transform: `Call` (how the user's function is called) and
+`Inside` (its objects, rebuilt from the values a transform passes in, and what changed).
 
-Every graph transform runs in three steps:
+Every graph transform runs in four steps:
 
-1. Outside, `Lifted(tree)` walks the call's arguments once: their `GraphDef` is the
-   static part of the call, the values of their Variables and arrays the dynamic part.
+1. Outside, `lift(call.tree(args, kwargs))` walks the call's arguments (or reuses an
+   earlier walk): a `LiftedCall` (`_lift`), whose `GraphDef` is the static part of the
+   call and the values of its Variables and arrays the dynamic part.
 2. Inside the transform (traced), `Inside(graphdef, values)` builds new objects from
-   them; the user's function runs on those; `inside.finish(out)` then describes what
-   came out (the output, and how the arguments' graph changed) as a static outcome
-   (`_outcome`) plus the dynamic values that description needs.
-3. Outside again, `lifted.apply(outcome, values)` writes the changes to the caller's
+   them, and the user's function runs on those.
+3. `inside.finish(out)` then describes what came out (the output, and how the
+   arguments' graph changed) as a static outcome (`_outcome`) plus the dynamic values
+   that description needs.
+4. Outside again, `lifted.apply(outcome, values)` writes the changes to the caller's
    objects and builds the output, with the caller's objects wherever the output refers
    to objects that came in. Every graph transform ends with this one call.
 
@@ -20,197 +23,33 @@ describes the whole graph, and the caller's objects are updated to match it.
 
 import functools
 import types
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
 from pytree_module import Module, Partial
 
-from ._graphdef import Builder, GraphDef, check_writable
+from ._graphdef import Builder, GraphDef
+from ._lift import Reordered, in_leaf_order, value_of
 from ._outcome import NOTHING_CHANGED, Outcome, StructureChanged, ValuesChanged
 from ._records import LEAF, NONE_RECORD
 from ._traverse import GraphWalk
 from ._variables import Variable
 
 
-def value_of(leaf: Any) -> Any:
-    """The dynamic value of a state leaf: a Variable's value, or the array itself."""
-    return leaf._pg_flat[0][0] if isinstance(leaf, Variable) else leaf
-
-
-class Lifted:
-    """A call's arguments, walked once: their structure and their current values.
-
-    Attributes:
-        graphdef: the structure of the whole argument tree (sharing across arguments
-            included).
-        paths: the path of each leaf in the argument tree.
-        values: the value of each Variable and array, in the graphdef's leaf order.
-        leaves: the live Variables and arrays themselves.
-        objects: the live Modules, Variables and objects, by graphdef index.
-
-    A `Lifted` made from a cached walk (see `_lift_cache`) computes `values`, `leaves`
-    and `objects` only when asked: a jitted call needs none of them in graphdef order.
-    """
-
-    __slots__ = ("_leaves", "_objects", "_source", "_values", "graphdef", "paths")
-
-    def __init__(self, tree: Any):
-        walk = GraphWalk()
-        self._take(walk, walk.graphdef(tree))
-
-    @classmethod
-    def of_walk(cls, walk: GraphWalk, graphdef: GraphDef) -> "Lifted":
-        """The `Lifted` of a tree `walk` has just walked (`graphdef` being its result)."""
-        lifted = cls.__new__(cls)
-        lifted._take(walk, graphdef)
-        return lifted
-
-    @classmethod
-    def of_source(cls, graphdef: GraphDef, paths: tuple, source: Any) -> "Lifted":
-        """A `Lifted` whose leaves and objects `source` gives (a `_lift_cache` source:
-        `values()`, `leaves()`, `objects()`, and `reordered`/`value_source` for a jit)."""
-        lifted = cls.__new__(cls)
-        lifted.graphdef = graphdef
-        lifted.paths = paths
-        lifted._values = lifted._leaves = lifted._objects = None
-        lifted._source = source
-        return lifted
-
-    def _take(self, walk: GraphWalk, graphdef: GraphDef) -> None:
-        self.graphdef = graphdef
-        self.paths = graphdef.paths
-        self._leaves = walk.leaves
-        self._objects = walk.objects
-        self._values = list(map(value_of, walk.leaves))
-        self._source = None
-
-    @property
-    def values(self) -> list[Any]:
-        if self._values is None:
-            self._values = self._source.values()
-        return self._values
-
-    @property
-    def leaves(self) -> list[Any]:
-        if self._leaves is None:
-            self._leaves = self._source.leaves()
-        return self._leaves
-
-    @property
-    def objects(self) -> list[Any]:
-        if self._objects is None:
-            self._objects = self._source.objects()
-        return self._objects
-
-    def jit_inputs(self) -> tuple[Any, list[Any]]:
-        """`(static, dynamic)` arguments for a jitted function that calls `Inside`."""
-        if self._source is not None:
-            return self._source.jit_inputs()
-        return self.graphdef, self.values
-
-    def lifted(self) -> "Lifted":
-        """This (as `_lift_cache` sources have a `lifted()` too)."""
-        return self
-
-    def write_all(self, values: list[Any]) -> Any:
-        """Give every Variable and array of the caller's graph its value from `values`
-        (in leaf order), updating objects in place; return the rebuilt argument tree."""
-        builder = Builder(values, [None] * len(self.objects), reuse=dict(enumerate(self.objects)))
-        return builder.visit(self.graphdef.root)
-
-    def apply(self, outcome: Outcome, values: list[Any]) -> Any:
-        """Write `outcome`'s changes into the caller's objects; return the output.
-
-        Arguments:
-            outcome: from `Inside.finish`, run on this call's values.
-            values: the values `finish` returned with it (as the transform gives them
-                back: new arrays, or tracers of an enclosing transform).
-        """
-        if type(outcome) is StructureChanged:
-            reuse = {
-                index: self.objects[origin]
-                for index, origin in enumerate(outcome.origins)
-                if origin >= 0
-            }
-            builder = Builder(values, [None] * outcome.num_objects, reuse=reuse)
-            builder.visit(outcome.args)
-            return builder.visit(outcome.out)
-        if outcome.carries_all:
-            written, out_values = values[: outcome.num_leaves], values[outcome.num_leaves :]
-            if outcome.rewrite:
-                self.write_all(written)
-            else:
-                self._set_values(outcome.changed, [written[p] for p in outcome.changed])
-        else:
-            count = len(outcome.changed)
-            self._set_values(outcome.changed, values[:count])
-            out_values = values[count:]
-        if outcome.out is None:
-            return out_values[0] if outcome.out_is_leaf else None
-        positions = [None] * outcome.num_leaves + list(out_values)
-        objects = self.objects + [None] * (outcome.num_objects - len(self.objects))
-        return Builder(positions, objects).visit(outcome.out)
-
-    def _set_values(self, positions: tuple[int, ...], values: list[Any]) -> None:
-        """Give the Variables at leaf `positions` their new `values`."""
-        leaves = self.leaves if positions else ()
-        for position, value in zip(positions, values, strict=True):
-            variable = leaves[position]
-            check_writable(variable)
-            _set_value(variable, ((value,), variable._pg_flat[1]))
-
-
-_set_value = Variable._pg_flat.__set__  # type: ignore[attr-defined]
-
-
-class Reordered:
-    """A graphdef, with the order its leaves come in when they are not in leaf order.
-
-    A cached lift passes values in the order it reads them (Variables first, arrays
-    after); the jitted function puts them in leaf order while tracing, which costs
-    nothing per call. It is a pytree with no leaves, equal by value like a graphdef.
-
-    Attributes:
-        graphdef: the graphdef.
-        order: for each leaf position, the index of its value in the values passed.
-    """
-
-    __slots__ = ("_hash", "graphdef", "order")
-
-    def __init__(self, graphdef: GraphDef, order: tuple[int, ...]):
-        self.graphdef = graphdef
-        self.order = order
-        self._hash = hash((graphdef, order))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return self is other or (
-            type(other) is Reordered
-            and self._hash == other._hash
-            and self.order == other.order
-            and self.graphdef == other.graphdef
-        )
-
-
-jax.tree_util.register_static(Reordered)
-
-
-def in_leaf_order(graphdef: "GraphDef | Reordered", values: list[Any]) -> tuple[GraphDef, list]:
-    """The graphdef itself, and `values` in its leaf order (a `Reordered` one's put back)."""
-    if type(graphdef) is Reordered:
-        return graphdef.graphdef, [values[i] for i in graphdef.order]
-    return graphdef, values
-
-
 class Inside:
     """The objects a transformed function works on, built inside the transform.
 
     Arguments:
-        graphdef: the `Lifted` graphdef.
-        values: the values (tracers, inside a transform) in its leaf order.
+        graphdef: the `LiftedCall`'s `graphdef`, or the structure its `jit_inputs()`
+            gives.
+        values: the values that go with it (tracers, inside a transform): the
+            `LiftedCall`'s `values`, in leaf order, or those `jit_inputs()` gives,
+            which are put in leaf order here.
+        prepare: a function `prepare(graphdef, values) -> values`, given the values in
+            leaf order before the objects are built from them (e.g. to constrain each
+            value's sharding, chosen by its path).
 
     Attributes:
         tree: the rebuilt argument tree: new Modules and Variables, shared as outside.
@@ -220,8 +59,15 @@ class Inside:
 
     __slots__ = ("after", "graphdef", "objects", "tree", "values")
 
-    def __init__(self, graphdef: "GraphDef | Reordered", values: list[Any]):
+    def __init__(
+        self,
+        graphdef: GraphDef | Reordered,
+        values: list[Any],
+        prepare: Callable[[GraphDef, list[Any]], list[Any]] | None = None,
+    ):
         graphdef, values = in_leaf_order(graphdef, values)
+        if prepare is not None:
+            values = prepare(graphdef, values)
         self.graphdef = graphdef
         self.values = values
         self.objects: list[Any] = [None] * graphdef.num_objects
@@ -237,7 +83,7 @@ class Inside:
         track: bool = True,
     ) -> tuple[Outcome, list[Any]]:
         """Describe what the function changed and returned: `(outcome, values)`, for
-        `Lifted.apply` outside.
+        `LiftedCall.apply` outside.
 
         Arguments:
             out: what the function returned (it may hold objects that came in, or new
@@ -245,7 +91,9 @@ class Inside:
             structure: `"may_change"`: the arguments may change structure (jit, remat,
                 grad); `"fixed"`: they must not (vmap, branches, shard_map), and the
                 values are every argument leaf's (a transform maps them all); or
-                `"describe"`: describe the whole graph even if only values changed.
+                `"new_objects"`: describe the whole graph after the call as new
+                objects, which `apply` builds without touching the caller's (as
+                `eval_shape` does, whose values are shapes).
             transform: the transform's name, for the error of a `"fixed"` structure.
             track: (`"fixed"`) list the Variables written; without it (for branches,
                 which must agree on their outcome) the outcome says to write back all.
@@ -272,7 +120,7 @@ class Inside:
                 rewrite=after.arrays_replaced or not track,
             )
             return outcome, after.values + after.out_values
-        if after.same and not after.arrays_replaced and structure != "describe":
+        if after.same and not after.arrays_replaced and structure != "new_objects":
             changed = tuple(after.changed)
             new_values = [after.values[p] for p in changed]
             out_record = after.out_record
@@ -293,11 +141,15 @@ class Inside:
                     num_objects=after.num_objects,
                 )
             return outcome, new_values + after.out_values
-        index_of = {id(obj): i for i, obj in enumerate(self.objects)}
+        if structure == "new_objects":
+            origins = (-1,) * after.num_objects
+        else:
+            index_of = {id(obj): i for i, obj in enumerate(self.objects)}
+            origins = tuple(index_of.get(id(obj), -1) for obj in after.objects)
         outcome = StructureChanged(
             args=after.args_record,
             out=after.out_record,
-            origins=tuple(index_of.get(id(obj), -1) for obj in after.objects),
+            origins=origins,
             num_objects=after.num_objects,
         )
         return outcome, after.values + after.out_values

@@ -5,6 +5,11 @@ scanned values may hold Modules and Variables (shared ones included). Variables 
 inside are written back to the caller's objects afterwards. Their structure must stay
 the same inside (only values change): a loop carry cannot grow an attribute. Python
 numbers in a loop carry are part of its state, as in `jax.lax`: they become arrays.
+
+Each lifts its operands, carry or scanned values (`lift_once`), rebuilds them inside
+(`Inside`), and ends with `LiftedCall.apply`. The branches, and scan over `xs`, describe
+their writes with `Inside.finish`; a loop's carry is checked and passed from step to step
+by `_carried` instead, and written back once, after the loop (`_write_back`).
 """
 
 from collections.abc import Callable, Sequence
@@ -15,13 +20,14 @@ import jax.numpy as jnp
 
 from pytree_module import Module
 
-from ._boundary import Inside, Lifted, value_of
+from ._boundary import Inside
 from ._graphdef import build
+from ._lift import LiftedCall, lift_once, value_of
 from ._traverse import GraphWalk
 from ._variables import Variable
 
 
-def _branch(fun: Callable[..., Any], lifted: Lifted, transform: str) -> Callable[..., Any]:
+def _branch(fun: Callable[..., Any], lifted: LiftedCall, transform: str) -> Callable[..., Any]:
     def run(values: list[Any]) -> Any:
         inside = Inside(lifted.graphdef, values)
         # Branches must agree on their outcome, so none lists which Variables it wrote.
@@ -30,7 +36,7 @@ def _branch(fun: Callable[..., Any], lifted: Lifted, transform: str) -> Callable
     return run
 
 
-def _finish(lifted: Lifted, result: tuple) -> Any:
+def _finish(lifted: LiftedCall, result: tuple) -> Any:
     outcome, values = result
     return lifted.apply(outcome, values)
 
@@ -62,7 +68,7 @@ def cond(
         >>> int(count.value)
         1
     """
-    lifted = Lifted(operands)
+    lifted = lift_once(operands)
     result = jax.lax.cond(
         pred,
         _branch(true_fun, lifted, "cond"),
@@ -96,7 +102,7 @@ def switch(index: Any, branches: Sequence[Callable[..., Any]], *operands: Any) -
         >>> float(v.value)
         5.0
     """
-    lifted = Lifted(operands)
+    lifted = lift_once(operands)
     result = jax.lax.switch(index, [_branch(f, lifted, "switch") for f in branches], lifted.values)
     return _finish(lifted, result)
 
@@ -122,8 +128,15 @@ def _numbers_as_arrays(carry: Any) -> Any:
     return treedef.unflatten([jnp.asarray(x) if _is_python_number(x) else x for x in leaves])
 
 
-def _carried(lifted: Lifted, value: Any, transform: str, what: str) -> list[Any]:
-    """The values of a loop carry, checking it kept the structure it came in with."""
+def _carried(lifted: LiftedCall, value: Any, transform: str, what: str) -> list[Any]:
+    """The values of a loop carry, checking it kept the structure it came in with.
+
+    Not `Inside.finish`: a loop step's output is the next step's input, not a change to
+    write back. `finish` describes the arguments after the call and, apart, the output
+    (sharing the arguments' objects), and its outcome is known only once traced; a loop
+    carry must be the values alone, in the initial carry's leaf order, from the first
+    step. The caller's objects are written once, after the loop (`_write_back`).
+    """
     walk = GraphWalk()
     graphdef = walk.graphdef(_numbers_as_arrays(value))
     if graphdef != lifted.graphdef:
@@ -136,13 +149,29 @@ def _carried(lifted: Lifted, value: Any, transform: str, what: str) -> list[Any]
     return list(map(value_of, walk.leaves))
 
 
-def _loop_body(body_fun: Callable[..., Any], lifted: Lifted, transform: str) -> Callable[..., Any]:
+def _loop_body(
+    body_fun: Callable[..., Any], lifted: LiftedCall, transform: str
+) -> Callable[..., Any]:
     def body(*call: Any) -> list[Any]:
         *index, values = call
         inside = Inside(lifted.graphdef, values)
         return _carried(lifted, body_fun(*index, inside.tree), transform, "body_fun")
 
     return body
+
+
+def _write_back(lifted: LiftedCall, values: list[Any], transform: str) -> Any:
+    """Give the caller's objects a loop's final carry `values`; return the final carry.
+
+    The values are those of a carry of the initial structure: rebuilt from them, `finish`
+    describes that carry as the output of a function returning its arguments, and
+    `apply` writes every value back and returns the carry made of the caller's objects.
+    """
+    inside = Inside(lifted.graphdef, values)
+    outcome, values = inside.finish(
+        inside.tree, structure="fixed", transform=transform, track=False
+    )
+    return lifted.apply(outcome, values)
 
 
 def fori_loop(
@@ -178,9 +207,10 @@ def fori_loop(
         >>> fori_loop(0, 5, body, acc) is acc, int(acc.total.value)
         (True, 10)
     """
-    lifted = Lifted(_numbers_as_arrays(init_val))
+    lifted = lift_once(_numbers_as_arrays(init_val))
     body = _loop_body(body_fun, lifted, "fori_loop")
-    return lifted.write_all(jax.lax.fori_loop(lower, upper, body, lifted.values, **kwargs))
+    final = jax.lax.fori_loop(lower, upper, body, lifted.values, **kwargs)
+    return _write_back(lifted, final, "fori_loop")
 
 
 def while_loop(
@@ -208,7 +238,7 @@ def while_loop(
         >>> int(v.value)
         128
     """
-    lifted = Lifted(_numbers_as_arrays(init_val))
+    lifted = lift_once(_numbers_as_arrays(init_val))
 
     def condition(values: list[Any]) -> Any:
         inside = Inside(lifted.graphdef, values)
@@ -222,7 +252,8 @@ def while_loop(
         return result
 
     body = _loop_body(body_fun, lifted, "while_loop")
-    return lifted.write_all(jax.lax.while_loop(condition, body, lifted.values))
+    final = jax.lax.while_loop(condition, body, lifted.values)
+    return _write_back(lifted, final, "while_loop")
 
 
 def scan(
@@ -269,8 +300,8 @@ def scan(
         >>> float(y)
         6.0
     """
-    carry_lifted = Lifted(_numbers_as_arrays(init))
-    xs_lifted = Lifted(xs)
+    carry_lifted = lift_once(_numbers_as_arrays(init))
+    xs_lifted = lift_once(xs)
     both = {id(o) for o in carry_lifted.objects} & {id(o) for o in xs_lifted.objects}
     if both:
         raise ValueError(
@@ -290,6 +321,9 @@ def scan(
         x_outcome, x_after = x_inside.finish(None, structure="fixed", transform="scan")
         # Only what was written is stacked out of the loop.
         written = x_after if x_outcome.rewrite else [x_after[p] for p in x_outcome.changed]
+        # `y` is walked on its own, not as `x_inside.finish`'s output: each step's `y` is
+        # stacked into new objects, even where it holds a slice of xs's (which `apply`
+        # would give back as the caller's xs objects, holding every step's values).
         walk = GraphWalk()
         y_graphdef = walk.graphdef(y)
         y_values = list(map(value_of, walk.leaves))
@@ -311,5 +345,5 @@ def scan(
             full[position] = value
         written = full
     xs_lifted.apply(x_outcome, written)
-    carry = carry_lifted.write_all(final)
+    carry = _write_back(carry_lifted, final, "scan")
     return carry, build(y_graphdef, y_values)

@@ -5,8 +5,8 @@ from typing import Any
 
 import jax
 
-from ._boundary import Call, Inside, Lifted
-from ._graphdef import Builder
+from ._boundary import Call, Inside
+from ._lift import lift_once
 
 
 def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -35,14 +35,13 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         ShapeDtypeStruct(shape=(1000, 1000), dtype=float32)
     """
     call = Call(fun)
-    lifted = Lifted(call.tree(args, kwargs))
+    lifted = lift_once(call.tree(args, kwargs))
 
     def pure(values: list[Any]) -> Any:
         inside = Inside(lifted.graphdef, values)
-        return inside.finish(call.run(inside.tree), structure="describe")
+        # New objects throughout, the arguments' included: the output holds no array,
+        # and the caller's objects keep theirs.
+        return inside.finish(call.run(inside.tree), structure="new_objects")
 
     outcome, values = jax.eval_shape(pure, lifted.values)
-    # New objects throughout, the arguments' included, so the output holds no array.
-    builder = Builder(values, [None] * outcome.num_objects)
-    builder.visit(outcome.args)
-    return builder.visit(outcome.out)
+    return lifted.apply(outcome, values)

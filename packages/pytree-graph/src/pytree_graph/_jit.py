@@ -13,10 +13,11 @@ from pytree_transforms.extend import BindsAsMethod
 
 from ._aliases import check_one_spec, lift_recording_aliases
 from ._argument_specs import NO_ENTRY, PerArgumentSpecs, SpecTable
-from ._boundary import Call, Inside, Reordered, in_leaf_order
+from ._boundary import Call, Inside
 from ._error_names import rename_in_error
 from ._errors import check_callable
 from ._graphdef import GraphDef
+from ._lift import LiftedCall, Reordered
 from ._lift_cache import lift_cache
 from ._outcome import NOTHING_CHANGED, Outcome, ValuesChanged
 
@@ -44,8 +45,7 @@ class _GraphJit(BindsAsMethod):
             if layout is None:
                 inside = Inside(graphdef, values)
                 return inside.finish(call.run(inside.tree))
-            graphdef, values = in_leaf_order(graphdef, values)  # where the paths are
-            inside = Inside(graphdef, layout.inputs(graphdef, values))
+            inside = Inside(graphdef, values, prepare=layout.inputs)
             layout.check_shared(inside)
             outcome, out_values = inside.finish(call.run(inside.tree))
             return outcome, layout.outputs(inside, outcome, out_values)
@@ -69,17 +69,16 @@ class _GraphJit(BindsAsMethod):
             and is_pytree_class(type(args[0]))
         ):
             return self._initialise(args[0], args[1:], kwargs)
-        found = lift_cache.find(self._call.tree(args, kwargs))
+        lifted = lift_cache.find(self._call.tree(args, kwargs))
         if not self._donate:
             try:
-                outcome, values = self._jitted(*found.jit_inputs())
+                outcome, values = self._jitted(*lifted.jit_inputs())
             except Exception as error:
-                self._rename_in_error(error, found, None)
+                self._rename_in_error(error, lifted, None)
                 raise
             if outcome is NOTHING_CHANGED:  # the usual forward pass: one array out, no writes
                 return values[0]
-            return found.lifted().apply(outcome, values)
-        lifted = found.lifted()
+            return lifted.apply(outcome, values)
         split = self._call.split_path
         mask = tuple(split(path)[0] in self._donate for path in lifted.paths)
         donated = [v for v, d in zip(lifted.values, mask, strict=True) if d]
@@ -91,21 +90,15 @@ class _GraphJit(BindsAsMethod):
             raise
         return lifted.apply(outcome, values)
 
-    def _rename_in_error(self, error: Exception, found: Any, mask: tuple | None) -> None:
+    def _rename_in_error(self, error: Exception, lifted: LiftedCall, mask: tuple | None) -> None:
         """Name the user's function and values in an error raised while tracing."""
-        lifted = found.lifted()
         if mask is not None:
             lists = {
                 "donated": [p for p, d in enumerate(mask) if d],
                 "kept": [p for p, d in enumerate(mask) if not d],
             }
         else:
-            static, _ = found.jit_inputs()
-            positions = list(range(len(lifted.paths)))
-            if type(static) is Reordered:  # values came in the order a cached walk reads
-                for position, index in enumerate(static.order):
-                    positions[index] = position
-            lists = {"values": positions}
+            lists = {"values": lifted.input_positions()}
         rename_in_error(error, self._call, self._fun, lifted.paths, lists)
 
     def _initialise(self, module: Module, args: tuple, kwargs: dict[str, Any]) -> None:

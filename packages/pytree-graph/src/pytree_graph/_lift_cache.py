@@ -13,9 +13,10 @@ reused when checks that read one slot per object find nothing changed:
 - every list and dict below the top has the same keys and items (by identity);
 - every Variable has the same type and metadata (its kind).
 
-Then only the Variables' values, and the arrays at the top of the call, are read anew.
-Graphs holding other pytree nodes, whose mutability no such check can see, are walked
-every time.
+Then only the Variables' values, and the arrays at the top of the call, are read anew
+(through the walk's `LiftPlan`). Graphs holding other pytree nodes, whose mutability no
+such check can see, are walked every time. Either way `LiftCache.find` gives a
+`LiftedCall` (`_lift`).
 
 The checks of Modules, Variables and `pytree=False` objects run only when
 `pytree_module.extend.mutations.count` moved since the last call: so every structural
@@ -34,7 +35,7 @@ from pytree_filter import SHAPED_TYPES, path_text
 from pytree_module import Module
 from pytree_module.extend import flat_form, is_pytree_class, mutations
 
-from ._boundary import Lifted, Reordered
+from ._lift import LiftedCall, LiftPlan, lift_once, lift_walked
 from ._static import static_key
 from ._traverse import GraphWalk
 from ._variables import Variable
@@ -44,7 +45,6 @@ CHECK_HITS = os.environ.get("PYTREE_GRAPH_CHECK_LIFT_CACHE", "") not in ("", "0"
 
 _get_flat = flat_form
 _get_variable_flat = attrgetter("_pg_flat")
-_first = itemgetter(0)
 _second = itemgetter(1)
 _ARRAY = object()  # marks an array at the top of a call in a cache key
 # Statics compared exactly by `(type, value)`; floats and complex numbers are keyed by
@@ -115,11 +115,12 @@ class StaleLiftCacheError(AssertionError):
     structural write did not call `pytree_module.extend.touch()`."""
 
 
-def _check_hit(tree: Any, source: "_Source") -> None:
-    """Walk `tree` again; raise `StaleLiftCacheError` if `source`'s cached walk differs."""
+def _check_hit(tree: Any, lifted: LiftedCall) -> None:
+    """Walk `tree` again; raise `StaleLiftCacheError` if the cached walk `lifted` was read
+    through differs."""
     walk = GraphWalk(record_shared=True)
     graphdef = walk.graphdef(tree)
-    cached_objects = source.objects()
+    cached_objects = lifted.objects
     assert walk.shared_paths is not None
     for index, (now, cached) in enumerate(zip(walk.objects, cached_objects, strict=False)):
         if now is not cached:
@@ -129,8 +130,8 @@ def _check_hit(tree: Any, source: "_Source") -> None:
                 f"the cached walk had a {type(cached).__name__} there. A write changed the "
                 "graph without calling `pytree_module.extend.touch()`."
             )
-    cached = source.entry.graphdef
-    leaves = source.leaves()
+    cached = lifted.graphdef
+    leaves = lifted.leaves
     if graphdef == cached and all(map(is_, walk.leaves, leaves)):
         return
     # Name the first leaf whose path or object differs (or the whole tree, if none does).
@@ -216,49 +217,28 @@ class Checks:
 
 
 class _Entry:
-    """A cached walk, and how to make a `Lifted` of a new call from it."""
+    """A cached walk: the checks that tell whether a new call may reuse it, and its plan."""
 
-    __slots__ = (
-        "__weakref__",
-        "checks",
-        "containers",
-        "epoch",
-        "graphdef",
-        "inner_arrays",
-        "objects_template",
-        "paths",
-        "refs",
-        "reordered",
-    )
+    __slots__ = ("__weakref__", "checks", "containers", "epoch", "plan", "refs")
 
-    def __init__(self, walk: GraphWalk, checks: Checks, roots: list[Any], graphdef: Any):
+    def __init__(self, walk: GraphWalk, checks: Checks, graphdef: Any):
         self.checks = checks
         self.containers = checks.containers
         self.epoch = mutations.count
-        self.graphdef = graphdef
-        self.paths = graphdef.paths
-        self.inner_arrays = [walk.leaves[p] for p in checks.inner_arrays]
-        # Leaves come from one list: Variables below the top, root Variables, arrays at
-        # the top, then the other arrays; `order` picks each leaf's place in it.
-        sources = [
+        self.plan = LiftPlan(
+            walk,
+            graphdef,
             checks.variable_positions,
-            [p for _, p in checks.root_variables],
+            checks.root_variables,
             checks.top_arrays,
             checks.inner_arrays,
-        ]
-        order = [0] * len(walk.leaves)
-        for index, position in enumerate(p for source in sources for p in source):
-            order[position] = index
-        self.reordered = Reordered(graphdef, tuple(order))
-        objects = list(walk.objects)
-        for _, index in checks.root_objects:
-            objects[index] = None  # the roots are held weakly, by `refs`
-        self.objects_template = objects
+            checks.root_objects,
+        )
         self.refs: tuple = ()
 
-    def source(self, roots: list[Any], arrays: list[Any]) -> "_Source | None":
-        """The leaves of a call with these roots and top arrays, or None if anything
-        changed since the walk."""
+    def lifted(self, roots: list[Any], arrays: list[Any]) -> LiftedCall | None:
+        """The lifted call with these roots and top arrays, or None if anything changed
+        since the walk."""
         if [ref() for ref in self.refs] != roots:  # identity: Modules and Variables
             return None
         if self.epoch != mutations.count:
@@ -273,7 +253,7 @@ class _Entry:
                     return None
             elif tuple(container) != keys or not all(map(is_, container.values(), values)):
                 return None
-        return _Source(self, roots, arrays)
+        return LiftedCall(self.plan, roots, arrays)
 
     def _unchanged(self, roots: list[Any]) -> bool:
         checks = self.checks
@@ -294,55 +274,6 @@ class _Entry:
         return all(_same_attributes(obj, (names, values)) for obj, names, values in checks.plain)
 
 
-class _Source:
-    """The leaves of one call, read through a cached walk.
-
-    A jitted call only needs `jit_inputs()`; `lifted()` makes the full `Lifted`, which
-    computes the rest when asked (see `Lifted.of_source`).
-    """
-
-    __slots__ = ("arrays", "entry", "reordered", "root_variables", "roots", "value_source")
-
-    def __init__(self, entry: _Entry, roots: list[Any], arrays: list[Any]):
-        self.entry = entry
-        self.roots = roots
-        self.arrays = arrays
-        self.reordered = entry.reordered
-        values = list(map(_first, map(_first, map(_get_variable_flat, entry.checks.variables))))
-        if entry.checks.root_variables:
-            self.root_variables = [roots[n] for n, _ in entry.checks.root_variables]
-            values += [v._pg_flat[0][0] for v in self.root_variables]
-        else:
-            self.root_variables = []
-        if arrays:
-            values += arrays
-        if entry.inner_arrays:
-            values += entry.inner_arrays
-        self.value_source = values
-
-    def jit_inputs(self) -> tuple[Any, list[Any]]:
-        """`(static, dynamic)` arguments for a jitted function that calls `Inside`."""
-        return self.reordered, self.value_source
-
-    def lifted(self) -> Lifted:
-        """The call's `Lifted`."""
-        return Lifted.of_source(self.entry.graphdef, self.entry.paths, self)
-
-    def values(self) -> list[Any]:
-        return list(map(self.value_source.__getitem__, self.reordered.order))
-
-    def leaves(self) -> list[Any]:
-        entry = self.entry
-        source = entry.checks.variables + self.root_variables + self.arrays + entry.inner_arrays
-        return list(map(source.__getitem__, self.reordered.order))
-
-    def objects(self) -> list[Any]:
-        objects = list(self.entry.objects_template)
-        for number, index in self.entry.checks.root_objects:
-            objects[index] = self.roots[number]
-        return objects
-
-
 def _same_attributes(obj: Any, held: tuple[tuple, tuple]) -> bool:
     names, values = held
     attributes = vars(obj)
@@ -350,44 +281,40 @@ def _same_attributes(obj: Any, held: tuple[tuple, tuple]) -> bool:
 
 
 class LiftCache:
-    """Makes `Lifted`s, reusing the walk of earlier calls with the same objects."""
+    """Makes `LiftedCall`s, reusing the walk of earlier calls with the same objects."""
 
     def __init__(self) -> None:
         self._entries: dict[Any, _Entry] = {}
 
-    def lift(self, tree: Any) -> Lifted:
-        """The `Lifted` of `tree` (the same as `Lifted(tree)`, faster on a repeat)."""
-        return self.find(tree).lifted()
-
-    def find(self, tree: Any) -> "_Source | Lifted":
-        """What `lift` would give, as a `_Source` where a cached walk is used (less
-        work for a jitted call, which needs only `jit_inputs()`)."""
+    def find(self, tree: Any) -> LiftedCall:
+        """The lifted call of `tree`: from a cached walk where one still fits, else from
+        a new walk (cached when the checks can watch it)."""
         roots: list[Any] = []
         arrays: list[Any] = []
         try:
             key = (_key(tree, roots, arrays), tuple(map(id, roots)))
         except _Uncacheable:
-            return Lifted(tree)
+            return lift_once(tree)
         entry = self._entries.get(key)
         if entry is not None:
-            source = entry.source(roots, arrays)
-            if source is not None:
+            lifted = entry.lifted(roots, arrays)
+            if lifted is not None:
                 if CHECK_HITS:
-                    _check_hit(tree, source)
-                return source
+                    _check_hit(tree, lifted)
+                return lifted
         return self._walk(key, tree, roots, arrays)
 
-    def _walk(self, key: Any, tree: Any, roots: list[Any], arrays: list[Any]) -> Any:
+    def _walk(self, key: Any, tree: Any, roots: list[Any], arrays: list[Any]) -> LiftedCall:
         checks = Checks(roots)
         walk = GraphWalk(checks=checks)
         graphdef = walk.graphdef(tree)
         if not checks.cacheable:
-            return Lifted.of_walk(walk, graphdef)
-        entry = _Entry(walk, checks, roots, graphdef)
+            return lift_walked(walk, graphdef)
+        entry = _Entry(walk, checks, graphdef)
         self._store(key, entry, roots)
-        # Lifted from the entry, as the calls after this one will be: a jitted function
-        # then gets its inputs in the same form (and order) every time.
-        return _Source(entry, roots, arrays)
+        # Read through the entry's plan, as the calls after this one will be: a jitted
+        # function then gets its inputs in the same form (and order) every time.
+        return LiftedCall(entry.plan, roots, arrays)
 
     def _store(self, key: Any, entry: _Entry, roots: list[Any]) -> None:
         entries = self._entries

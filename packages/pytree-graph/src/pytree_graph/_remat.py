@@ -8,8 +8,9 @@ import jax
 
 from pytree_transforms.extend import BindsAsMethod
 
-from ._boundary import Call, Inside, Lifted
+from ._boundary import Call, Inside
 from ._errors import check_callable
+from ._lift import lift_once
 
 
 class _GraphRemat(BindsAsMethod):
@@ -22,7 +23,7 @@ class _GraphRemat(BindsAsMethod):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         call = self._call
-        lifted = Lifted(call.tree(args, kwargs))
+        lifted = lift_once(call.tree(args, kwargs))
 
         def pure(values: list[Any]) -> Any:
             inside = Inside(lifted.graphdef, values)

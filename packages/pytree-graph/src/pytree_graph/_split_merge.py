@@ -9,8 +9,8 @@ from pytree_filter import path_text
 from pytree_module import Module
 from pytree_module.extend import is_frozen_class
 
-from ._boundary import Lifted, value_of
 from ._graphdef import GraphDef, build
+from ._lift import LiftedCall, value_of
 from ._lift_cache import lift_cache
 from ._refs import update_refs
 from ._state import Path, State, _partition
@@ -18,9 +18,9 @@ from ._traverse import GraphWalk, check_graph
 from ._variables import Variable
 
 
-def _lift(node: Any, function: str) -> Lifted:
+def _lift(node: Any, function: str) -> LiftedCall:
     """The graphdef, paths and leaves of `node` (a cached walk when it was seen before)."""
-    lifted = lift_cache.lift(node)
+    lifted = lift_cache.find(node)
     check_graph(lifted.graphdef, node, function)
     if lifted.paths and lifted.paths[0] == ():
         raise TypeError(
@@ -31,7 +31,7 @@ def _lift(node: Any, function: str) -> Lifted:
     return lifted
 
 
-def _states(lifted: Lifted, filters: tuple[Any, ...], exhaustive: bool) -> Any:
+def _states(lifted: LiftedCall, filters: tuple[Any, ...], exhaustive: bool) -> Any:
     if not filters:
         return (State._of_flat(lifted.graphdef.paths, lifted.leaves),)
     flat = dict(zip(lifted.paths, lifted.leaves, strict=True))
@@ -125,7 +125,7 @@ def graphdef(node: Any) -> GraphDef:
         >>> graphdef(Empty()) == graphdef(Empty())
         True
     """
-    result = lift_cache.lift(node).graphdef
+    result = lift_cache.find(node).graphdef
     check_graph(result, node, "graphdef")
     return result
 
@@ -158,7 +158,7 @@ def clone(node: Any) -> Any:
         >>> copy.w is model.w, copy.w.value is model.w.value
         (False, True)
     """
-    lifted = lift_cache.lift(node)
+    lifted = lift_cache.find(node)
     check_graph(lifted.graphdef, node, "clone")
     # Bare values: `build` puts each in a new Variable of the graphdef's type and metadata.
     return build(lifted.graphdef, [_copy_buffer(value_of(leaf)) for leaf in lifted.leaves])

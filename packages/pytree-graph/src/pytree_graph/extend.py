@@ -10,10 +10,13 @@ pytree_graph should reach into its underscore modules.
 Every graph transform is the same few lines:
 
 1. `call = Call(fun)`: how the function is called (a bound method's Module is lifted too).
-2. `lifted = lift(call.tree(args, kwargs))`, outside: the call's structure
-   (`lifted.graphdef`, static) and values (`lifted.values`, dynamic).
+2. `lifted = lift(call.tree(args, kwargs))`, outside: a `LiftedCall`, the call's
+   structure (`lifted.graphdef`, static) and values (`lifted.values`, dynamic, in the
+   graphdef's leaf order).
 3. Inside the JAX transform, `inside = Inside(lifted.graphdef, values)` rebuilds the
-   objects; `call.run(inside.tree)` runs the function on them; `inside.finish(out)`
+   objects (under `jax.jit`, pass `lifted.jit_inputs()` and give `Inside` the pair it
+   gives: the values come in the order they are read fastest, and `Inside` puts them
+   back in leaf order); `call.run(inside.tree)` runs the function on them; `inside.finish(out)`
    returns `(outcome, values)`: a static outcome (`ValuesChanged` or `StructureChanged`,
    leafless pytrees) and the values it refers to. Pass `structure="fixed"` to a
    transform that maps every value (as vmap does): the function may then change values
@@ -55,7 +58,7 @@ from typing import Any
 
 from ._boundary import Call as Call
 from ._boundary import Inside as Inside
-from ._boundary import Lifted as Lifted
+from ._lift import LiftedCall as LiftedCall
 from ._lift_cache import lift_cache
 from ._outcome import NOTHING_CHANGED as NOTHING_CHANGED
 from ._outcome import Outcome as Outcome
@@ -66,7 +69,7 @@ __all__ = [
     "NOTHING_CHANGED",
     "Call",
     "Inside",
-    "Lifted",
+    "LiftedCall",
     "Outcome",
     "StructureChanged",
     "ValuesChanged",
@@ -74,7 +77,7 @@ __all__ = [
 ]
 
 
-def lift(tree: Any) -> Lifted:
+def lift(tree: Any) -> LiftedCall:
     """Walk a call's arguments: their structure and current values, outside a transform.
 
     A repeat call with the same objects reuses the earlier walk (see
@@ -84,7 +87,7 @@ def lift(tree: Any) -> Lifted:
         tree: the tree to lift, usually `Call(fun).tree(args, kwargs)`.
 
     Returns:
-        A `Lifted`: `graphdef` (static), `values` (dynamic, in the graphdef's leaf
+        A `LiftedCall`: `graphdef` (static), `values` (dynamic, in the graphdef's leaf
         order), `paths`, `leaves`, `objects`, and `apply(outcome, values)`.
 
     Examples:
@@ -95,4 +98,4 @@ def lift(tree: Any) -> Lifted:
         >>> lifted.paths, lifted.graphdef.num_leaves
         ((('w',),), 1)
     """
-    return lift_cache.lift(tree)
+    return lift_cache.find(tree)

@@ -18,6 +18,9 @@ What is here:
 - The mutation count (`mutations`, `touch`): the rule that keeps caches of object graphs
   valid. Every write that changes an existing object's structure ends with `touch()`.
 - `constructor_pdoc`, to print objects the way Modules print.
+- `static_key`, the key by which static values are told apart (`1`, `1.0` and `True`, or
+  `0.0` and `-0.0`, are different statics): a library that caches anything per static value
+  keys it the same way, so its caches share exactly what Modules' treedefs share.
 
 Examples:
     >>> import jax.numpy as jnp
@@ -51,6 +54,7 @@ from ._module import Module, _set_trace
 from ._mutations import MutationCount, touch
 from ._mutations import mutations as _mutations
 from ._pformat import constructor_pdoc
+from ._static_key import static_key
 from ._trace import current_trace_token, same_trace
 
 __all__ = [
@@ -66,6 +70,7 @@ __all__ = [
     "mutations",
     "rebuild_into",
     "same_trace",
+    "static_key",
     "touch",
     "trace_of",
 ]

@@ -199,7 +199,8 @@ class _Differentiated(BindsAsMethod):
         return value, grads
 
     def _key(self) -> tuple[Any, ...]:
-        options = static_key((self._arg, self._has_aux, self._gradkwargs))
+        # Keyword arguments have no order, so they are keyed sorted by name.
+        options = static_key((self._arg, self._has_aux, sorted(self._gradkwargs.items())))
         return self._transform, self._fun, options
 
     def __eq__(self, other: object) -> bool:

@@ -108,7 +108,8 @@ def filter_jit(
         specs = ArgumentSpecs("filter_jit", fun, default, fn_spec, args, kwargs)
         return JitWrapper(fun, specs, out, donate, jitkwargs)
 
-    return _WRAPPERS.get((fun, options, jitkwargs), build)
+    # Keyword arguments have no order: `filter_jit(f, a=1, b=2)` is `filter_jit(f, b=2, a=1)`.
+    return _WRAPPERS.get((fun, options, sorted(jitkwargs.items())), build)
 
 
 class JitWrapper(BindsAsMethod):

@@ -2,9 +2,10 @@
 
 Python's `==` says `1 == 1.0 == True` and `0.0 == -0.0`, and containers compare their
 elements the same way, so a compilation cache keyed by static values as they are would hand
-a function traced for `1` to a call with `1.0` or `True`. A key made here carries the type of
-every value, recursively through tuples, lists, dicts and sets, and compares floats by their
-bits (so `0.0` and `-0.0` differ, and a NaN equals itself).
+a function traced for `1` to a call with `1.0` or `True`. Static values are keyed with
+`pytree_module.extend.static_key`, the rule Modules' treedefs follow, so a value shares a
+compilation here exactly when it would as a Module's static attribute: types recursively,
+floats by their bits (`0.0` and `-0.0` differ, a NaN equals itself), dicts in order.
 """
 
 from collections.abc import Iterable
@@ -12,31 +13,16 @@ from typing import Any
 
 import numpy as np
 
-# Types whose values need more than their own `==` to be told apart.
-_NEEDS_KEY = (float, complex, np.inexact, tuple, list, dict, set, frozenset)
+from pytree_module.extend import static_key as static_key  # the rule this package keys by
+
+# The types whose values `static_key` keys by contents (its docstring lists them): for any
+# other type, values of one type are interchangeable when `==` says so.
+_KEYED_BY_CONTENT = (float, complex, np.inexact, tuple, list, dict, set, frozenset)
 
 
 def needs_static_key(types: Iterable[type]) -> bool:
     """Whether values of these types need `static_key`: False for strings, ints, functions."""
-    return any(issubclass(t, _NEEDS_KEY) for t in types)
-
-
-def static_key(value: Any) -> Any:
-    """A hashable key equal for two values only if they have the same types and contents."""
-    kind = type(value)
-    if issubclass(kind, float):
-        return kind, value.hex()
-    if issubclass(kind, complex):
-        return kind, value.real.hex(), value.imag.hex()
-    if issubclass(kind, np.inexact):
-        return kind, value.tobytes()
-    if issubclass(kind, tuple | list):
-        return kind, tuple(map(static_key, value))
-    if issubclass(kind, dict):
-        return kind, frozenset((static_key(k), static_key(v)) for k, v in value.items())
-    if issubclass(kind, set | frozenset):
-        return kind, frozenset(map(static_key, value))
-    return kind, value
+    return any(issubclass(t, _KEYED_BY_CONTENT) for t in types)
 
 
 class KeyedStatics:
