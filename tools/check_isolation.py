@@ -13,7 +13,8 @@ For every package under ``packages/`` (or those named), this:
    the standard library, the package itself, installed in that environment, or named by one of
    its optional extras;
 5. copies its ``tests/`` to a temporary folder and runs pytest there, against the installed
-   wheel, never the source tree.
+   wheel, never the source tree, with the environment variables of the cpu test variant (8 fake
+   devices: the ``multi_device`` tests run too).
 
 Exits with status 1 if any step fails for any package. Needs ``uv`` (the ``isolation`` hatch
 environment provides it: ``hatch run isolation:check``).
@@ -38,6 +39,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TEST_REQUIREMENTS = ["pytest", "pytest-xdist", "hypothesis"]
 IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError"}
+CPU_TEST_ENVIRONMENT = {
+    "JAX_PLATFORMS": "cpu",
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+}
 
 
 @dataclass(frozen=True)
@@ -206,7 +211,12 @@ def check_package(
     rundir = workdir / "run"
     shutil.copytree(tests, rundir / "tests", ignore=shutil.ignore_patterns("__pycache__"))
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
-    env.setdefault("JAX_PLATFORMS", "cpu")
+    # The settings of the cpu test variant (hatch.toml): 8 fake devices, so that the tests
+    # marked `multi_device` run here too, and so that JAX's persistent compilation cache, when
+    # one is set (`.ci/run` sets one), serves the programs the main test run compiled: its key
+    # covers XLA_FLAGS.
+    for name, value in CPU_TEST_ENVIRONMENT.items():
+        env.setdefault(name, value)
     result = subprocess.run(
         [
             str(venv_python),

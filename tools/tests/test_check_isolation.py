@@ -1,4 +1,5 @@
 import ast
+import tomllib
 from pathlib import Path
 
 import check_isolation
@@ -66,3 +67,14 @@ def test_reads_declared_siblings_and_extras() -> None:
 def test_requirement_name_normalizes() -> None:
     assert check_isolation.requirement_name("Wadler_Lindig>=0.1.7") == "wadler-lindig"
     assert check_isolation.requirement_name("jax[cuda12]; python_version>'3'") == "jax"
+
+
+def test_tests_run_with_the_environment_of_the_cpu_test_variant() -> None:
+    # The same variables as `hatch test -i backend=cpu`: the multi_device tests run against the
+    # wheels too, and JAX's persistent compilation cache (its key covers XLA_FLAGS) serves the
+    # isolated runs the programs that the main run compiled.
+    config = tomllib.loads((REPO / "hatch.toml").read_text(encoding="utf-8"))
+    variables = config["envs"]["hatch-test"]["overrides"]["matrix"]["backend"]["env-vars"]
+    cpu = {v["key"]: v["value"] for v in variables if v.get("if") == ["cpu"]}
+    for name, value in check_isolation.CPU_TEST_ENVIRONMENT.items():
+        assert cpu[name] == value, name
