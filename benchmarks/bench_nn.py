@@ -34,6 +34,9 @@ Measured in one run, with synchronous CPU dispatch:
    transformer blocks: tracing, compiling and running one step (ratios against
    hand-written). For the hand-written step the report also splits this into tracing,
    lowering and compiling, with JAX's ahead-of-time API.
+3. The time to build the CNN outside ``jit``, compiling its random draws included (JAX's
+   caches cleared before each build; ratios against drawing the same arrays with
+   ``jax.nn.initializers`` into a dict).
 
 Usage:
     python benchmarks/bench_nn.py [--quick] [--out PATH]
@@ -51,6 +54,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -645,33 +649,46 @@ def first_call_seconds(make: Callable[[Problem], Trainer], problem: Problem) -> 
     return time.perf_counter() - start
 
 
-def first_call_rows(
-    problem: Problem, repeats: int, label: str
+def median_rows(
+    forms: list[tuple[str, Any, Any, str]],
+    seconds: Callable[[Any], float],
+    repeats: int,
+    label: str,
+    doing: str,
 ) -> tuple[list[Row], dict[str, float]]:
-    """Median first-call time of each form over `repeats` fresh builds, as table rows."""
+    """The median of `repeats` timings `seconds(form)` of each `(name, form, library,
+    distribution)` of `forms`, as table rows with ratios against the first form."""
     medians: dict[str, float] = {}
     why: dict[str, str] = {}
-    for name, make, library, dist in FORMS:
+    for name, form, library, dist in forms:
         if library is None:
             why[name] = MISSING[dist]
             continue
-        log(f"  first call: {name}")
+        log(f"  {doing}: {name}")
         try:
-            times = [first_call_seconds(make, problem) for _ in range(repeats)]
+            times = [seconds(form) for _ in range(repeats)]
         except Exception as error:
             why[name] = f"failed: {first_line(error)}"
             log(f"  {name}: {why[name]}")
             continue
         medians[name] = statistics.median(times)
-    base = medians.get(HAND)
+    base = medians.get(forms[0][0])
     rows = []
-    for name, *_ in FORMS:
+    for name, *_ in forms:
         if name not in medians:
             rows.append(Row(label, name, None, note=why.get(name, "not run")))
             continue
         ratio = None if base is None else medians[name] / base
         rows.append(Row(label, name, medians[name] * 1e6, ratio, "—"))
     return rows, medians
+
+
+def first_call_rows(
+    problem: Problem, repeats: int, label: str
+) -> tuple[list[Row], dict[str, float]]:
+    """Median first-call time of each form over `repeats` fresh builds, as table rows."""
+    seconds = partial(first_call_seconds, problem=problem)
+    return median_rows(FORMS, seconds, repeats, label, "first call")
 
 
 def aot_split(problem: Problem) -> dict[str, float]:
@@ -698,6 +715,68 @@ def aot_split(problem: Problem) -> dict[str, float]:
     }
 
 
+# ------------------------------------------------------------------------ building eagerly
+
+BUILD_HAND = "hand-written: jax.nn.initializers into a dict"
+BUILD_OURS = "pytree_nn: CNN(Rngs(0))"
+
+
+def _hand_built_cnn() -> dict[str, jax.Array]:
+    keys = iter(jax.random.split(jax.random.key(0), 6))
+    lecun = jax.nn.initializers.lecun_normal()
+    zeros = jax.nn.initializers.zeros
+    return {
+        "conv1/kernel": lecun(next(keys), (3, 3, 1, 16)),
+        "conv1/bias": zeros(next(keys), (16,)),
+        "conv2/kernel": lecun(next(keys), (3, 3, 16, 32)),
+        "conv2/bias": zeros(next(keys), (32,)),
+        "head/kernel": lecun(next(keys), (7 * 7 * 32, CLASSES)),
+        "head/bias": zeros(next(keys), (CLASSES,)),
+    }
+
+
+def _equinox_built_cnn() -> list[Any]:
+    keys = jax.random.split(jax.random.key(0), 3)
+    return [
+        eqx.nn.Conv2d(1, 16, 3, padding="SAME", key=keys[0]),
+        eqx.nn.Conv2d(16, 32, 3, padding="SAME", key=keys[1]),
+        eqx.nn.Linear(7 * 7 * 32, CLASSES, key=keys[2]),
+    ]
+
+
+# name, build, library (True: always there), distribution; each build returns a pytree.
+BUILDS: list[tuple[str, Callable[[], Any], Any, str]] = [
+    (BUILD_HAND, _hand_built_cnn, True, ""),
+    (BUILD_OURS, lambda: CNN(pytree_nn.Rngs(0)), True, ""),
+    ("Equinox: eqx.nn.Conv2d, Conv2d, Linear", _equinox_built_cnn, eqx, "equinox"),
+    ("Flax NNX: NnxCNN(nnx.Rngs(0))", lambda: nnx.state(NnxCNN(nnx.Rngs(0))), nnx, "flax"),
+]
+
+
+def build_seconds(build: Callable[[], Any], fresh: bool) -> float:
+    """The time to build a model eagerly; with `fresh`, as in a fresh process (every draw
+    compiled anew)."""
+    if fresh:
+        jax.clear_caches()
+    start = time.perf_counter()
+    jax.block_until_ready(jax.tree.leaves(build()))
+    return time.perf_counter() - start
+
+
+def build_rows(repeats: int, label: str, fresh: bool = True) -> list[Row]:
+    """Median build time of each form over `repeats` builds, as table rows (`fresh`: each
+    after clearing JAX's caches; a quick run keeps them, to spare the compiling)."""
+    # A persistent compilation cache (JAX_COMPILATION_CACHE_DIR) would serve the draws
+    # compiled by the first build to the next: off while timing.
+    cache_was = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        seconds = partial(build_seconds, fresh=fresh)
+        return median_rows(BUILDS, seconds, repeats, label, "building")[0]
+    finally:
+        jax.config.update("jax_enable_compilation_cache", cache_was)
+
+
 # ---------------------------------------------------------------------------------- run
 
 
@@ -714,6 +793,8 @@ class Results:
     first_call: list[Row]
     first_call_medians: dict[str, float]
     aot: dict[str, float]
+    build: list[Row]
+    build_repeats: int
     shapes: Shapes
     repeats: int
 
@@ -732,7 +813,11 @@ def run(settings: Settings, quick: bool) -> Results:
     log(f"timing {label} ...")
     rows, medians = first_call_rows(deep, repeats, label)
     aot = aot_split(deep)
-    return Results(runner, rows, medians, aot, shapes, repeats)
+    label = "building the CNN outside jit, draws compiled (ratio vs hand-written)"
+    log(f"timing {label} ...")
+    build_repeats = 1 if quick else 5
+    built = build_rows(build_repeats, label, fresh=not quick)
+    return Results(runner, rows, medians, aot, built, build_repeats, shapes, repeats)
 
 
 # ------------------------------------------------------------------------------- report
@@ -774,6 +859,29 @@ def first_call_lines(results: Results) -> list[str]:
     ]
 
 
+BUILD_TITLE = "Building the CNN outside jit"
+
+
+def build_lines(results: Results) -> list[str]:
+    from _timing import markdown_table
+
+    explanation = (
+        "Each form builds the CNN's parameters op by op, outside `jit`, after "
+        "`jax.clear_caches()` (so every random draw is compiled again, as in a fresh process; "
+        "the persistent compilation cache is off); the median of "
+        f"{results.build_repeats} builds. On CPU, XLA is "
+        "slow to compile a draw over a shape of several small axes (the convolution "
+        "kernels); pytree_nn draws them flat, with the same values. Times are in "
+        "microseconds."
+    )
+    return [
+        f"## {BUILD_TITLE}",
+        "",
+        *section("build", [explanation, "", markdown_table(results.build)]),
+        "",
+    ]
+
+
 def report(results: Results, invocation: Invocation) -> str:
     settings = step_settings(invocation.quick)
     shapes = results.shapes
@@ -804,6 +912,8 @@ def report(results: Results, invocation: Invocation) -> str:
     lines += throughput_lines(results.runner.rows)
     lines += first_call_lines(results)
     record_table(invocation, first_call_title(results), results.first_call)
+    lines += build_lines(results)
+    record_table(invocation, BUILD_TITLE, results.build)
     lines += target_lines(results.runner.rows)
     return "\n".join(lines) + "\n"
 

@@ -15,6 +15,7 @@ from . import initializers
 from ._checks import check_features, check_sharding
 from ._dropout import drop
 from ._dtypes import promote_dtype
+from ._flat_draws import flat_when_eager
 from ._linear import default_kernel_init, sharded_param
 from ._module import Module
 from ._rngs import as_rngs, forked_rngs
@@ -343,13 +344,16 @@ class HeadProjection(Module):
         )
         rngs = as_rngs(rngs, "HeadProjection")
         matrix = (math.prod(in_features), math.prod(out_features))
-        kernel = kernel_init(rngs.params(), matrix, param_dtype)
+        kernel = kernel_init(flat_when_eager(rngs.params()), matrix, param_dtype)
         self.kernel = sharded_param(
             jnp.reshape(kernel, in_features + out_features), kernel_sharding
         )
         self.bias = (
             sharded_param(
-                jnp.reshape(bias_init(rngs.params(), matrix[1:], param_dtype), out_features),
+                jnp.reshape(
+                    bias_init(flat_when_eager(rngs.params()), matrix[1:], param_dtype),
+                    out_features,
+                ),
                 bias_sharding,
             )
             if use_bias

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from pytree_module import data
 
+from ._flat_draws import flat_when_eager
 from ._module import Module
 from ._rngs import as_rngs, forked_rngs
 
@@ -26,7 +27,7 @@ def drop(
     for axis in broadcast_dims:
         shape[axis] = 1
     keep = 1.0 - rate
-    mask = jax.random.bernoulli(key, keep, tuple(shape))
+    mask = jax.random.bernoulli(flat_when_eager(key), keep, tuple(shape))
     return jnp.where(mask, x / keep, jnp.zeros_like(x))
 
 

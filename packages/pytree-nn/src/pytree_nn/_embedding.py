@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from . import initializers
 from ._checks import check_features, check_input, check_sharding
 from ._dtypes import promote_dtype
+from ._flat_draws import flat_when_eager
 from ._linear import sharded_param
 from ._module import Module
 from ._rngs import as_rngs
@@ -60,7 +61,8 @@ class Embedding(Module):
         sharding = check_sharding("Embedding", "embedding_sharding", embedding_sharding, 2)
         rngs = as_rngs(rngs, "Embedding")
         self.embedding = sharded_param(
-            embedding_init(rngs.params(), (num_embeddings, features), param_dtype), sharding
+            embedding_init(flat_when_eager(rngs.params()), (num_embeddings, features), param_dtype),
+            sharding,
         )
         self.num_embeddings = num_embeddings
         self.features = features

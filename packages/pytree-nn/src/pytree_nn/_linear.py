@@ -13,6 +13,7 @@ from pytree_graph import Param
 from . import initializers
 from ._checks import check_features, check_input, check_sharding
 from ._dtypes import promote_dtype
+from ._flat_draws import flat_when_eager
 from ._module import Module
 from ._rngs import as_rngs
 
@@ -48,11 +49,12 @@ def kernel_and_bias(
         # the bias gets the key it would get in any other layer.
         value = jnp.zeros(kernel_shape, param_dtype)
     else:
-        value = kernel_init(kernel_key, kernel_shape, param_dtype)
+        value = kernel_init(flat_when_eager(kernel_key), kernel_shape, param_dtype)
     kernel = sharded_param(value, kernel_sharding)
     if not use_bias:
         return kernel, None
-    bias = sharded_param(bias_init(rngs.params(), (out_features,), param_dtype), bias_sharding)
+    bias_value = bias_init(flat_when_eager(rngs.params()), (out_features,), param_dtype)
+    bias = sharded_param(bias_value, bias_sharding)
     return kernel, bias
 
 

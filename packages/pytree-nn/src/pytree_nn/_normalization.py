@@ -13,6 +13,7 @@ from pytree_graph import BatchStat, Param
 from . import initializers
 from ._checks import check_features, check_number, check_sharding
 from ._dtypes import promote_dtype
+from ._flat_draws import flat_when_eager
 from ._linear import sharded_param
 from ._module import Module
 from ._rngs import as_rngs
@@ -147,7 +148,9 @@ def _scale_and_bias(
         if part is not None
     }
     made = {
-        name: sharded_param(part[0](rngs.params(), (size,), dtype), shardings[name])
+        name: sharded_param(
+            part[0](flat_when_eager(rngs.params()), (size,), dtype), shardings[name]
+        )
         for name, part in parts.items()
         if part is not None
     }

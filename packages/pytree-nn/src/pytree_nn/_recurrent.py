@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from . import initializers
 from ._checks import check_features, check_input, check_sharding
 from ._dtypes import promote_dtype
+from ._flat_draws import flat_when_eager
 from ._linear import Linear, default_kernel_init
 from ._module import Module
 from ._rngs import as_rngs
@@ -93,7 +94,10 @@ class _Cell(Module):
                     "an Rngs, a PRNG key or an int seed, e.g. rngs=0."
                 )
             rngs = as_rngs(rngs, f"{name}.initialize_carry")
-            parts = [carry_init(rngs.carry(), shape, self.param_dtype) for _ in self.carry_names]
+            parts = [
+                carry_init(flat_when_eager(rngs.carry()), shape, self.param_dtype)
+                for _ in self.carry_names
+            ]
         return self._carry_from_parts(parts)
 
 
