@@ -29,8 +29,6 @@ SAMPLERS = {
     "uniform": lambda key, shape: jax.random.uniform(key, shape, minval=-1.0),
     "bernoulli": lambda key, shape: jax.random.bernoulli(key, 0.3, shape),
     "bits": jax.random.bits,
-    "randint": lambda key, shape: jax.random.randint(key, shape, 0, 1000),
-    "normal bfloat16": lambda key, shape: jax.random.normal(key, shape, jnp.bfloat16),
 }
 
 INITIALIZERS = {
@@ -67,7 +65,7 @@ def test_every_sampler_draws_the_same_values(threefry_layout, sampler, shape):
     _same(sampler(flat_when_eager(key), shape), sampler(key, shape))
 
 
-@pytest.mark.parametrize("shape", [(4, 6), (3, 2, 2, 1)], ids=str)
+@pytest.mark.parametrize("shape", [(3, 2, 2, 1)], ids=str)
 @pytest.mark.parametrize("init", INITIALIZERS.values(), ids=INITIALIZERS)
 def test_every_initializer_draws_the_same_values(init, shape):
     key = jax.random.key(0)
