@@ -717,9 +717,6 @@ def aot_split(problem: Problem) -> dict[str, float]:
 
 # ------------------------------------------------------------------------ building eagerly
 
-BUILD_HAND = "hand-written: jax.nn.initializers into a dict"
-BUILD_OURS = "pytree_nn: CNN(Rngs(0))"
-
 
 def _hand_built_cnn() -> dict[str, jax.Array]:
     keys = iter(jax.random.split(jax.random.key(0), 6))
@@ -746,8 +743,8 @@ def _equinox_built_cnn() -> list[Any]:
 
 # name, build, library (True: always there), distribution; each build returns a pytree.
 BUILDS: list[tuple[str, Callable[[], Any], Any, str]] = [
-    (BUILD_HAND, _hand_built_cnn, True, ""),
-    (BUILD_OURS, lambda: CNN(pytree_nn.Rngs(0)), True, ""),
+    ("hand-written: jax.nn.initializers into a dict", _hand_built_cnn, True, ""),
+    ("pytree_nn: CNN(Rngs(0))", lambda: CNN(pytree_nn.Rngs(0)), True, ""),
     ("Equinox: eqx.nn.Conv2d, Conv2d, Linear", _equinox_built_cnn, eqx, "equinox"),
     ("Flax NNX: NnxCNN(nnx.Rngs(0))", lambda: nnx.state(NnxCNN(nnx.Rngs(0))), nnx, "flax"),
 ]
@@ -862,17 +859,22 @@ def first_call_lines(results: Results) -> list[str]:
 BUILD_TITLE = "Building the CNN outside jit"
 
 
-def build_lines(results: Results) -> list[str]:
+def build_lines(results: Results, quick: bool) -> list[str]:
     from _timing import markdown_table
 
+    # A quick run keeps JAX's caches between builds (build_rows): say what was timed.
+    how = (
+        "with JAX's caches kept from the rest of the run (a quick run: not what a fresh "
+        "process pays)"
+        if quick
+        else "after `jax.clear_caches()` (so every random draw is compiled again, as in a "
+        "fresh process; the persistent compilation cache is off)"
+    )
     explanation = (
-        "Each form builds the CNN's parameters op by op, outside `jit`, after "
-        "`jax.clear_caches()` (so every random draw is compiled again, as in a fresh process; "
-        "the persistent compilation cache is off); the median of "
-        f"{results.build_repeats} builds. On CPU, XLA is "
-        "slow to compile a draw over a shape of several small axes (the convolution "
-        "kernels); pytree_nn draws them flat, with the same values. Times are in "
-        "microseconds."
+        f"Each form builds the CNN's parameters op by op, outside `jit`, {how}; the median "
+        f"of {results.build_repeats} builds. On CPU, XLA is slow to compile a draw over a "
+        "shape of several small axes (the convolution kernels); pytree_nn draws them flat, "
+        "with the same values. Times are in microseconds."
     )
     return [
         f"## {BUILD_TITLE}",
@@ -912,7 +914,7 @@ def report(results: Results, invocation: Invocation) -> str:
     lines += throughput_lines(results.runner.rows)
     lines += first_call_lines(results)
     record_table(invocation, first_call_title(results), results.first_call)
-    lines += build_lines(results)
+    lines += build_lines(results, invocation.quick)
     record_table(invocation, BUILD_TITLE, results.build)
     lines += target_lines(results.runner.rows)
     return "\n".join(lines) + "\n"
