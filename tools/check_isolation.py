@@ -14,7 +14,8 @@ For every package under ``packages/`` (or those named), this:
    its optional extras;
 5. copies its ``tests/`` to a temporary folder and runs pytest there, against the installed
    wheel, never the source tree, with the environment variables of the cpu test variant (8 fake
-   devices: the ``multi_device`` tests run too).
+   devices: the ``multi_device`` tests run too; those marked ``multi_process``, which start
+   processes of their own, run only in the main test run).
 
 Exits with status 1 if any step fails for any package. Needs ``uv`` (the ``isolation`` hatch
 environment provides it: ``hatch run isolation:check``).
@@ -230,6 +231,11 @@ def check_package(
             "--dist",
             "loadfile",
             "--import-mode=importlib",
+            # The tests that start several JAX processes check how the code behaves across
+            # processes, which the main test run does with the same code; here, where what is
+            # checked is the wheel, they would only double the step's time.
+            "-m",
+            "not multi_process",
             "-p",
             "no:cacheprovider",
             "--rootdir",

@@ -1,13 +1,23 @@
 """Device markers: the cpu test variant fakes 8 devices; the cuda and tpu variants run only
-the tests marked here (`-m "multi_device or accelerator"`, set in hatch.toml)."""
+the tests marked multi_device or accelerator (`-m "multi_device or accelerator"`, set in
+hatch.toml). The multi_process tests start processes of fake CPU devices on any variant."""
+
+import pathlib
+import sys
 
 import jax
 import pytest
+
+# The tests import the helper modules beside them by name (`from local_processes import
+# run_processes`), and --import-mode=importlib (pytest.ini) puts no test folder on sys.path.
+sys.path.append(str(pathlib.Path(__file__).parent))
 
 MARKERS = {
     "multi_device": "needs 8 devices: fake CPU devices (the cpu variant's XLA_FLAGS) or real ones",
     "accelerator": "needs at least 2 GPUs or TPUs (checks what only they report, such as "
     "device memory); skipped on CPU",
+    "multi_process": "starts several JAX processes on localhost (local_processes.py), each "
+    "of fake CPU devices, joined by jax.distributed into one mesh",
 }
 
 

@@ -1,6 +1,8 @@
 import json
 import os
 import stat
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +11,15 @@ import optax
 import pytest
 import safetensors
 import safetensors.numpy
+from checkpoint_models import (
+    FORMS,
+    Everything,
+    Two,
+    assert_same_values,
+    assert_unchanged,
+    checkpoint_path,
+    snapshot,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -28,60 +39,9 @@ from pytree_nn._checkpoint import decode_key, encode_path
 from pytree_transforms import apply_updates, filter_jit, filter_value_and_grad
 
 
-class Everything(Module):
-    """A model with every kind of state a checkpoint keeps."""
-
-    def __init__(self, seed):
-        rng = np.random.default_rng(seed)
-        self.w = Param(jnp.asarray(rng.normal(size=(3, 4)), jnp.float32), sharding=(None, "m"))
-        self.tied = self.w  # shared: stored once, restored for both names
-        self.half = Param(jnp.asarray(rng.normal(size=(5,)), jnp.bfloat16))
-        self.small = Param(jnp.asarray(rng.normal(size=(2, 3)), jnp.float8_e4m3fn))
-        self.nibbles = Variable(jnp.asarray(rng.integers(-8, 8, (4,)), jnp.int4))
-        self.counts = BatchStat(jnp.asarray(rng.integers(0, 9, (2, 2)), jnp.int32))
-        self.flags = Variable(jnp.asarray(rng.integers(0, 2, (3,)), bool))
-        self.scale = Variable(float(seed) + 0.5)
-        self.steps = Variable(seed)
-        self.empty = Param(jnp.zeros((0, 3)))
-        self.raw = jnp.asarray(rng.normal(size=(2,)), jnp.float32)  # a bare array
-        self.layers = [Linear(2, 2, rngs=seed), Linear(2, 2, rngs=seed + 1)]
-        self.table = {"a/b": Param(jnp.full(2, seed, jnp.float32)), "0": Param(jnp.ones(1) * seed)}
-        self.rngs = Rngs(seed)
-
-
-def values(model):
-    flat = pg.state(model).flat_state()
-    return {
-        p: (jax.random.key_data(v.value) if p[-1] == "key" else v.value)
-        if isinstance(v, Variable)
-        else v
-        for p, v in flat.items()
-    }
-
-
-def assert_same_values(a, b):
-    va, vb = values(a), values(b)
-    assert va.keys() == vb.keys()
-    for path in va:
-        x, y = va[path], vb[path]
-        assert type(x) is type(y), path
-        assert np.asarray(x).dtype == np.asarray(y).dtype, path
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=str(path))
-
-
-def snapshot(model):
-    return {p: np.array(v) for p, v in values(model).items()}
-
-
-def assert_unchanged(before, model):
-    after = snapshot(model)
-    assert before.keys() == after.keys()
-    for path, value in before.items():
-        np.testing.assert_array_equal(value, after[path], err_msg=str(path))
-
-
-def test_round_trip_keeps_values_dtypes_types_and_sharing(tmp_path):
-    path = tmp_path / "model.safetensors"
+@FORMS
+def test_round_trip_keeps_values_dtypes_types_and_sharing(tmp_path, form):
+    path = checkpoint_path(tmp_path, form, "model")
     saved = Everything(0)
     saved.rngs()  # advance a stream: counts are state too
     save_checkpoint(path, saved)
@@ -146,8 +106,9 @@ def test_key_encoding_round_trips(path):
     assert key != "__metadata__"
 
 
-def test_save_a_state_and_load_part_of_a_model(tmp_path):
-    path = tmp_path / "params.safetensors"
+@FORMS
+def test_save_a_state_and_load_part_of_a_model(tmp_path, form):
+    path = checkpoint_path(tmp_path, form, "params")
     saved = Everything(0)
     save_checkpoint(path, pg.state(saved, Param))
     model = Everything(1)
@@ -159,8 +120,9 @@ def test_save_a_state_and_load_part_of_a_model(tmp_path):
         load_checkpoint(path, model)
 
 
-def test_load_into_an_abstract_model(tmp_path):
-    path = tmp_path / "linear.safetensors"
+@FORMS
+def test_load_into_an_abstract_model(tmp_path, form):
+    path = checkpoint_path(tmp_path, form, "linear")
     saved = Linear(2, 3, rngs=0)
     save_checkpoint(path, saved)
     abstract = pg.eval_shape(lambda: Linear(2, 3, rngs=1))
@@ -171,8 +133,9 @@ def test_load_into_an_abstract_model(tmp_path):
 
 
 @pytest.mark.skipif(len(jax.devices()) < 2, reason="needs two devices")
-def test_load_keeps_each_value_where_it_was(tmp_path):
-    path = tmp_path / "linear.safetensors"
+@FORMS
+def test_load_keeps_each_value_where_it_was(tmp_path, form):
+    path = checkpoint_path(tmp_path, form, "linear")
     save_checkpoint(path, Linear(2, 4, rngs=0))
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("model",))
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "model"))
@@ -183,8 +146,9 @@ def test_load_keeps_each_value_where_it_was(tmp_path):
     np.testing.assert_array_equal(model.kernel.value, Linear(2, 4, rngs=0).kernel.value)
 
 
-def test_optimizer_training_resumes_from_a_checkpoint(tmp_path):
-    path = tmp_path / "optimizer.safetensors"
+@FORMS
+def test_optimizer_training_resumes_from_a_checkpoint(tmp_path, form):
+    path = checkpoint_path(tmp_path, form, "optimizer")
     x = jnp.linspace(-1, 1, 16).reshape(8, 2)
     y = x.sum(axis=1, keepdims=True)
 
@@ -258,14 +222,6 @@ def test_save_errors(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-class Two(Module):
-    def __init__(self, shape=(2,), dtype=jnp.float32, kind=Param, extra=False, **metadata):
-        self.a = kind(jnp.ones(shape, dtype), **metadata)
-        self.b = Param(jnp.zeros(2))
-        if extra:
-            self.c = Param(jnp.zeros(1))
-
-
 @pytest.mark.parametrize(
     ("model", "message"),
     [
@@ -278,8 +234,9 @@ class Two(Module):
     ],
     ids=["missing", "extra", "shape", "dtype", "type", "metadata"],
 )
-def test_a_model_of_another_structure_is_refused_and_unchanged(tmp_path, model, message):
-    path = tmp_path / "two.safetensors"
+@FORMS
+def test_a_model_of_another_structure_is_refused_and_unchanged(tmp_path, form, model, message):
+    path = checkpoint_path(tmp_path, form, "two")
     save_checkpoint(path, Two())
     before = snapshot(model)
     with pytest.raises(ValueError, match=message):
@@ -287,13 +244,14 @@ def test_a_model_of_another_structure_is_refused_and_unchanged(tmp_path, model, 
     assert_unchanged(before, model)
 
 
-def test_bare_array_and_variable_differ(tmp_path):
+@FORMS
+def test_bare_array_and_variable_differ(tmp_path, form):
     class Bare(Module):
         def __init__(self):
             self.a = jnp.ones(2)
             self.b = Param(jnp.zeros(2))
 
-    path = tmp_path / "two.safetensors"
+    path = checkpoint_path(tmp_path, form, "two")
     save_checkpoint(path, Two())
     with pytest.raises(ValueError, match=r"\.a is a bare array in the model but a Param"):
         load_checkpoint(path, Bare())
@@ -302,8 +260,9 @@ def test_bare_array_and_variable_differ(tmp_path):
         load_checkpoint(path, Two())
 
 
-def test_metadata_check_can_be_turned_off(tmp_path):
-    path = tmp_path / "two.safetensors"
+@FORMS
+def test_metadata_check_can_be_turned_off(tmp_path, form):
+    path = checkpoint_path(tmp_path, form, "two")
     save_checkpoint(path, Two(tag="saved"))
     model = Two(tag="mine")
     model.a.value = jnp.zeros(2)
@@ -312,8 +271,9 @@ def test_metadata_check_can_be_turned_off(tmp_path):
     assert model.a.tag == "mine"
 
 
-def test_every_problem_is_listed(tmp_path):
-    path = tmp_path / "two.safetensors"
+@FORMS
+def test_every_problem_is_listed(tmp_path, form):
+    path = checkpoint_path(tmp_path, form, "two")
     save_checkpoint(path, Two())
     with pytest.raises(
         ValueError, match=r"\.c is in the model .*; \.a is float32\[3\] in the model"
@@ -399,7 +359,8 @@ def test_new_files_follow_the_umask_and_rewrites_keep_the_mode(tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
 
-def test_load_into_a_frozen_module_holding_arrays_returns_a_new_model(tmp_path):
+@FORMS
+def test_load_into_a_frozen_module_holding_arrays_returns_a_new_model(tmp_path, form):
     # Equinox style: arrays held directly by a frozen Module cannot change in place.
     class Frozen(Module, frozen=True):
         w: jax.Array
@@ -410,7 +371,7 @@ def test_load_into_a_frozen_module_holding_arrays_returns_a_new_model(tmp_path):
             self.inner = inner
             self.b = Param(jnp.zeros(2))
 
-    path = tmp_path / "frozen.safetensors"
+    path = checkpoint_path(tmp_path, form, "frozen")
     saved = Outer(Frozen(jnp.arange(3.0), Param(jnp.array(2.0))))
     saved.b.value = jnp.ones(2)
     save_checkpoint(path, saved)
@@ -625,8 +586,9 @@ class Net(Module):
         return self.out(self.dropout(jax.nn.relu(self.hidden(x))))
 
 
-def test_an_optax_state_saves_and_loads_as_a_new_state(tmp_path):
-    path = tmp_path / "opt_state.safetensors"
+@FORMS
+def test_an_optax_state_saves_and_loads_as_a_new_state(tmp_path, form):
+    path = checkpoint_path(tmp_path, form, "opt_state")
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(0.1))
     model = Net(Rngs(0))
     params = filter(model, is_inexact_array)  # None where the dropout keys are
@@ -661,20 +623,21 @@ def functional_step(model, opt_state, x, y):
     return apply_updates(model, updates), opt_state, loss
 
 
-def test_functional_training_resumes_from_a_checkpoint_with_identical_results(tmp_path):
+@FORMS
+def test_functional_training_resumes_from_a_checkpoint_with_identical_results(tmp_path, form):
     x = jnp.linspace(-1, 1, 32).reshape(16, 2)
     y = jnp.sin(3 * x[:, :1]) + x[:, 1:]
     model = Net(Rngs(0))
     opt_state = tx.init(filter(model, is_inexact_array))
     for _ in range(3):
         model, opt_state, _ = functional_step(model, opt_state, x, y)
-    save_checkpoint(tmp_path / "model.safetensors", model)
-    save_checkpoint(tmp_path / "opt_state.safetensors", opt_state)
+    save_checkpoint(checkpoint_path(tmp_path, form, "model"), model)
+    save_checkpoint(checkpoint_path(tmp_path, form, "opt_state"), opt_state)
 
     resumed = Net(Rngs(7))  # another initialisation: everything comes from the files
-    resumed = load_checkpoint(tmp_path / "model.safetensors", resumed)
+    resumed = load_checkpoint(checkpoint_path(tmp_path, form, "model"), resumed)
     resumed_state = tx.init(filter(resumed, is_inexact_array))
-    resumed_state = load_checkpoint(tmp_path / "opt_state.safetensors", resumed_state)
+    resumed_state = load_checkpoint(checkpoint_path(tmp_path, form, "opt_state"), resumed_state)
     for _ in range(3):
         model, opt_state, loss = functional_step(model, opt_state, x, y)
         resumed, resumed_state, resumed_loss = functional_step(resumed, resumed_state, x, y)
@@ -682,3 +645,13 @@ def test_functional_training_resumes_from_a_checkpoint_with_identical_results(tm
     assert_same_values(resumed, model)
     for got, want in zip(jax.tree.leaves(resumed_state), jax.tree.leaves(opt_state), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_importing_pytree_nn_does_not_import_orbax():
+    """orbax-checkpoint (the orbax extra) is imported when a directory is saved or loaded."""
+    code = (
+        "import sys, pytree_nn; print(sorted(m for m in sys.modules if m.split('.')[0] == 'orbax'))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

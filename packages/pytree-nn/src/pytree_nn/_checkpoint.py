@@ -1,218 +1,218 @@
-"""Checkpoints: a model's State in one safetensors file, written atomically."""
+"""Checkpoints: `save_checkpoint` and `load_checkpoint`, to one safetensors file (one host) or
+to a directory written with orbax-checkpoint (any number of hosts), now or in the background."""
 
-import contextlib
-import errno
-import json
-import math
+import atexit
+import functools
 import os
-import re
-import stat
-import uuid
-import zlib
-from collections.abc import Mapping
+import threading
+import warnings
+from collections.abc import Callable
 from typing import Any
-
-import jax
-import jax.numpy as jnp
-import numpy as np
-import safetensors
-import safetensors.numpy
 
 import pytree_graph
 from pytree_filter import Path, path_text
 from pytree_graph import State, Variable
 from pytree_module import TraceContextError
 
+from ._checkpoint_entries import (
+    METADATA_DIFFERS,
+    SAVED,
+    decode_key,
+    is_int,
+    mismatch,
+    placed,
+)
+from ._checkpoint_entries import encode_path as encode_path  # what the docs' doctest imports
+from ._checkpoint_file import (
+    FileReader,
+    check_file_path,
+    file_contents,
+    spanned_processes,
+    write_file,
+)
+from ._checkpoint_orbax import DirectoryReader, directory_contents, start_save, steps
 from ._checks import check_graph
 
-FORMAT = "pytree_nn.checkpoint"
-FORMAT_VERSION = 1
-
-# dtypes written as themselves (every safetensors version reads and writes these); any
-# other dtype is written as its raw bytes (uint8, one more axis) and named in the header.
-_NATIVE = {
-    "bool": "BOOL",
-    "int8": "I8",
-    "uint8": "U8",
-    "int16": "I16",
-    "uint16": "U16",
-    "int32": "I32",
-    "uint32": "U32",
-    "int64": "I64",
-    "uint64": "U64",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "float32": "F32",
-    "float64": "F64",
-}
-_BY_CODE = {code: name for name, code in _NATIVE.items()}
-_PYTHON_SCALARS = (bool, int, float)
-_ARRAYS = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
-_INT = re.compile(r"-?[0-9]+\Z")
-_UNESCAPE = {"0": "~", "1": "/", "2": ""}
 _SHOWN = 10  # problems listed in one error
-_METADATA = "has metadata"
-_NONE = "None"  # the dtype (and kind) of a Variable holding None, as optax states have
-_KINDS = {"python": {"bool", "int", "float"}, "array": None, "none": {_NONE}}
-_SAVED = (
-    "a Module (or any graph of Modules and Variables), a State, or a list, tuple or dict "
-    "of them or of arrays (e.g. an optax state)"
-)
 
 
-def encode_path(path: Path) -> str:
-    """The key of a State path in a checkpoint: its keys joined by `/`.
+class SaveHandle:
+    """A checkpoint being written in the background, as `save_checkpoint(..., wait=False)`
+    returns it.
 
-    An int key is written in decimal. In a str key, `~` is written `~0` and `/` is
-    written `~1`; a str that is empty or reads as an int gets the prefix `~2`, which
-    stands for nothing. So `("layers", 0, "kernel")` is `layers/0/kernel` and the str
-    key `"0"` is `~20`, and every key decodes back to the path it came from.
+    The values were taken when `save_checkpoint` returned (the arrays copied to the host):
+    training can go on and change the model while they are written.
+
+    Attributes:
+        path: the path given to `save_checkpoint`.
+        step: the step of a directory checkpoint; None for a single file.
 
     Examples:
-        >>> from pytree_nn._checkpoint import decode_key, encode_path
-        >>> encode_path(("layers", 0, "kernel")), encode_path(("a/b", "7"))
-        ('layers/0/kernel', 'a~1b/~27')
-        >>> decode_key("a~1b/~27")
-        ('a/b', '7')
+        >>> import os, tempfile
+        >>> from pytree_nn import Linear, save_checkpoint
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> handle = save_checkpoint(path, Linear(2, 3, rngs=0), wait=False)
+        >>> handle.wait()  # written (or raises what went wrong)
+        >>> handle.done()
+        True
     """
-    parts = []
-    for key in path:
-        if isinstance(key, int) and not isinstance(key, bool):
-            parts.append(str(key))
-        elif isinstance(key, str):
-            text = key.replace("~", "~0").replace("/", "~1")
-            parts.append("~2" + text if not text or _INT.match(text) else text)
-        else:
-            raise TypeError(
-                f"save_checkpoint: the path {path} has a key of type {type(key).__name__} "
-                f"({key!r}); checkpoints store paths whose keys are str or int. Use str "
-                "keys for dicts in the model."
-            )
-    joined = "/".join(parts)
-    # The one key safetensors keeps for itself.
-    return "~2" + joined if joined == "__metadata__" else joined
 
-
-def decode_key(key: str) -> Path:
-    """The State path a checkpoint key (from `encode_path`) stands for.
-
-    Raises:
-        ValueError: `key` is not one `encode_path` writes (so no two keys of a file can
-            stand for the same path).
-    """
-    path = tuple(
-        int(part) if _INT.match(part) else re.sub(r"~([012])", lambda m: _UNESCAPE[m[1]], part)
-        for part in key.split("/")
-    )
-    if encode_path(path) != key:
-        raise ValueError(f"{key!r} is not a key save_checkpoint writes")
-    return path
-
-
-def _describe(value: Any) -> tuple[str, str, tuple[int, ...]] | None:
-    """`(kind, dtype, shape)` of a value a checkpoint can hold, else None."""
-    if value is None:
-        return "none", _NONE, ()
-    if isinstance(value, _PYTHON_SCALARS):
-        return "python", type(value).__name__, ()
-    if isinstance(value, _ARRAYS):
-        return "array", str(value.dtype), tuple(np.shape(value))
-    return None
-
-
-def _json_metadata(variable: Variable, path: Path, function: str) -> dict[str, Any]:
-    """The metadata JSON can represent (the other entries are only checked by name).
-
-    Raises:
-        ValueError: a metadata value holds a NaN or an infinity, which JSON cannot hold
-            and which would never compare equal on loading.
-    """
-    saved = {}
-    for name, value in variable.metadata.items():
-        try:
-            saved[name] = _as_json(value)
-        except TypeError:
-            continue  # not representable in JSON: checked by name only
-        except ValueError:
-            raise ValueError(
-                f"{function}: the {type(variable).__name__} at {path_text(path)} has the "
-                f"metadata {name}={value!r}, which holds a NaN or an infinity; a checkpoint "
-                "keeps metadata as JSON, which has neither. Give it a finite value (or "
-                "None) before saving."
-            ) from None
-    return saved
-
-
-def _as_json(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(value)
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, list | tuple):
-        return [_as_json(v) for v in value]
-    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
-        return {k: _as_json(v) for k, v in value.items()}
-    raise TypeError(type(value).__name__)
-
-
-def _stored(path: Path, leaf: Any) -> tuple[np.ndarray, dict[str, Any]]:
-    """The array written for one State leaf, and its entry in the header."""
-    value = leaf.value if isinstance(leaf, Variable) else leaf
-    described = _describe(value)
-    if described is None or isinstance(value, jax.ShapeDtypeStruct):
-        what = "an abstract array (no values)" if described else f"a {type(value).__name__}"
-        raise TypeError(
-            f"save_checkpoint: the {type(leaf).__name__} at {path_text(path)} holds {what}; "
-            "checkpoints hold arrays, Python bool/int/float and None. Leave it out, e.g. "
-            "`save_checkpoint(path, pytree_graph.state(model, Param))`, or `pop` it first."
+    def __init__(self, path: str, step: int | None, finish: Callable[[], None]):
+        self.path = path
+        self.step = step
+        self._error: BaseException | None = None
+        self._reported = False
+        self._thread = threading.Thread(
+            target=self._run, args=(finish,), name=f"save_checkpoint {path}"
         )
-    kind, dtype, shape = described
-    entry: dict[str, Any] = {"kind": kind, "dtype": dtype, "shape": list(shape)}
-    if isinstance(leaf, Variable):
-        entry["type"] = type(leaf).__qualname__
-        entry["metadata"] = _json_metadata(leaf, path, "save_checkpoint")
-        entry["metadata_names"] = sorted(leaf.metadata)
-    if kind == "array" and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
-        entry["key_impl"] = str(jax.random.key_impl(value))
-        value = jax.random.key_data(value)
-    # None is written as an empty array (every key of the file names an array).
-    array = np.zeros(0, np.uint8) if kind == "none" else np.ascontiguousarray(np.asarray(value))
-    if array.dtype.name not in _NATIVE:
-        array = array.reshape(-1).view(np.uint8).reshape(*array.shape, array.dtype.itemsize)
-    entry["crc32"] = zlib.crc32(array.reshape(-1).view(np.uint8))
-    return array, entry
+        self._thread.start()
+
+    def _run(self, finish: Callable[[], None]) -> None:
+        try:
+            finish()
+        except BaseException as error:  # kept for `wait`, which raises it in the caller
+            self._error = error
+
+    def done(self) -> bool:
+        """Whether the save has finished (written, or failed)."""
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Block until the checkpoint is written.
+
+        Raises:
+            Exception: what went wrong while writing (each time `wait` is called); the
+                checkpoint saved before at the same path is then still the one there.
+        """
+        self._thread.join()
+        if self._error is not None:
+            self._reported = True
+            raise self._error
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error else "written" if self.done() else "writing"
+        step = "" if self.step is None else f", step={self.step}"
+        return f"SaveHandle({self.path!r}{step}, {state})"
 
 
-def save_checkpoint(path: str | os.PathLike, model_or_state: Any) -> None:
-    """Save a model's state (or a `State`) to one safetensors file, atomically.
+_pending: dict[str, SaveHandle] = {}
+_pending_lock = threading.Lock()
+
+
+def _settle(path: str) -> None:
+    """Wait for the background save to `path`, if one is running: saves and loads of one path
+    happen in the order they were asked for. A failure nobody waited for is warned about."""
+    with _pending_lock:
+        handle = _pending.pop(os.path.realpath(path), None)
+    if handle is not None:
+        _wait_or_warn(handle)
+
+
+def _wait_or_warn(handle: SaveHandle) -> None:
+    reported = handle._reported  # a failure its caller has seen already goes unwarned
+    try:
+        handle.wait()
+    except Exception as error:
+        if not reported:
+            warnings.warn(
+                f"save_checkpoint({handle.path!r}, ..., wait=False) failed and was never "
+                f"waited for: {type(error).__name__}: {error}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+
+@atexit.register
+def _wait_for_every_save() -> None:
+    """A program that ends right after `save_checkpoint(..., wait=False)` still saves."""
+    with _pending_lock:
+        handles = list(_pending.values())
+        _pending.clear()
+    for handle in handles:
+        _wait_or_warn(handle)
+
+
+def _check_step(function: str, step: Any) -> None:
+    if step is not None and not (is_int(step) and step >= 0):
+        raise TypeError(f"{function}: `step` must be None or an int >= 0, got {step!r}.")
+
+
+def _is_directory(path: str, flat: dict[Path, Any]) -> bool:
+    """Whether a save to `path` writes a directory: a path ending in a separator or naming a
+    directory does; so does any other path but a `.safetensors` or existing file, when some
+    array is spread over several processes (no one process could write it whole)."""
+    if path.endswith(("/", os.sep)) or os.path.isdir(path):
+        return True
+    if path.endswith(".safetensors") or os.path.exists(path):
+        return False
+    return any(
+        spanned_processes(leaf.value if isinstance(leaf, Variable) else leaf) > 1
+        for leaf in flat.values()
+    )
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    model_or_state: Any,
+    *,
+    wait: bool = True,
+    step: int | None = None,
+    keep: int | None = 1,
+) -> SaveHandle | None:
+    """Save a model's state (or a `State`): to one safetensors file, or to a directory.
 
     Every Variable and array is written under its path (see "Keys" below), keeping its
-    dtype (`bfloat16` and PRNG keys included); Variable types and metadata go in the
-    file's header, with a checksum of each array. A Variable shared by several parts of
-    the model is stored once. Nothing is pickled.
+    dtype (`bfloat16` and PRNG keys included), with the Variable types and metadata. A
+    Variable shared by several parts of the model is stored once. Nothing is pickled.
 
-    The file is written under a temporary name in the same directory, flushed to disk,
-    and then renamed over `path`: a failure part-way leaves any earlier file at `path`
-    as it was, and a reader never sees half a file. (Two threads or processes saving to
-    one `path` at once each write a file of their own; the last rename wins.)
+    **One file** (a path that is not a directory, conventionally ending in
+    `.safetensors`): for one host. The file is written under a temporary name in the same
+    directory, flushed to disk, and renamed over `path`: a failure part-way leaves any
+    earlier file at `path` as it was, and a reader never sees half a file. Each array has
+    a checksum. Arrays spread over the devices of several processes cannot be gathered
+    into one file: that raises an error naming the directory form.
+
+    **A directory** (a path ending in `/`, or naming an existing directory; also any path
+    but a `.safetensors` file when arrays are spread over several processes): written with
+    orbax-checkpoint (`pip install 'pytree-nn[orbax]'`). In a `jax.distributed` program
+    every process calls `save_checkpoint` alike and writes only the shards it holds. Each
+    save is a folder `path/<step>`, which appears whole or not at all: a save cut off
+    leaves the earlier steps loadable. `keep` says how many steps stay.
 
     Keys: the keys of a path joined by `/`, ints in decimal (`layers/0/kernel`); in str
     keys `~` is written `~0` and `/` is written `~1`, and a str that is empty or reads as
     an int is prefixed with `~2`.
 
     Arguments:
-        path: the file to write (conventionally ending in `.safetensors`).
+        path: the file or directory to write.
         model_or_state: a Module (or any graph of Modules and Variables), whose whole
             state is saved; a `State`, e.g. `pytree_graph.state(model, Param)` to save
             the parameters only; or any pytree of arrays, such as an optax optimizer
             state (`tx.init(filter(model, is_inexact_array))`).
+        wait: wait until the checkpoint is written (the default); with `wait=False`, take
+            the values now (arrays copied to the host) and write them in the background,
+            returning a `SaveHandle` (`.wait()`). A later save or load of the same path
+            waits for it first; so does the end of the program.
+        step: directories only: the number of this save (a folder name); by default one
+            more than the newest step there (0 in a new directory). It must be greater
+            than every step already there.
+        keep: directories only: how many of the newest steps to keep (older ones are
+            deleted once the new one is written), or None to keep every step.
+
+    Returns:
+        None, or with `wait=False` a `SaveHandle`.
 
     Raises:
         TypeError: `path` is not a path, `model_or_state` is a single value (None, a
             number, an array) rather than something holding state, a Variable holds
             something that is not an array, a Python scalar or None, or a path has a
-            key that is not a str or int. No file is written.
-        ValueError: a Variable's metadata holds a NaN or an infinity (JSON has neither).
+            key that is not a str or int. Nothing is written.
+        ValueError: a Variable's metadata holds a NaN or an infinity (JSON has neither);
+            an array spread over several processes is saved to one file; `step` or
+            `keep` is given for a file, or `step` is not new; the directory holds other
+            things than checkpoints.
+        ImportError: a directory is asked for and orbax-checkpoint is not installed.
+        FileNotFoundError: the directory that would hold `path` does not exist.
         PermissionError: the directory of `path` cannot be written to.
 
     Examples:
@@ -226,242 +226,101 @@ def save_checkpoint(path: str | os.PathLike, model_or_state: Any) -> None:
     """
     if not isinstance(path, str | os.PathLike):
         raise TypeError(
-            f"save_checkpoint: `path` must be a str or os.PathLike (the file to write), got "
-            f"a {type(path).__name__} ({path!r})."
+            f"save_checkpoint: `path` must be a str or os.PathLike (the file or directory to "
+            f"write), got a {type(path).__name__} ({path!r})."
         )
-    check_graph("save_checkpoint", "model_or_state", model_or_state, _SAVED)
+    check_graph("save_checkpoint", "model_or_state", model_or_state, SAVED)
+    if not isinstance(wait, bool):
+        raise TypeError(f"save_checkpoint: `wait` must be True or False, got {wait!r}.")
+    _check_step("save_checkpoint", step)
+    if keep is not None and not (is_int(keep) and keep >= 1):
+        raise TypeError(
+            f"save_checkpoint: `keep` must be an int >= 1 (how many steps to keep) or None "
+            f"(keep them all), got {keep!r}."
+        )
+    path = os.fspath(path)
     state = model_or_state if isinstance(model_or_state, State) else None
     if state is None:
         state = pytree_graph.state(model_or_state)
-    tensors: dict[str, np.ndarray] = {}
-    entries: dict[str, Any] = {}
-    for leaf_path, leaf in state.flat_state().items():
-        key = encode_path(leaf_path)
-        tensors[key], entries[key] = _stored(leaf_path, leaf)
-    header = {
-        "format": FORMAT,
-        "format_version": str(FORMAT_VERSION),
-        "entries": json.dumps(entries, allow_nan=False),
-    }
-    _write_atomically(os.fspath(path), tensors, header)
-
-
-def _file_mode(path: str) -> int:
-    """The permission bits for a checkpoint written at `path`."""
-    try:
-        return stat.S_IMODE(os.stat(path).st_mode)
-    except FileNotFoundError:
-        umask = os.umask(0)  # reading the umask means setting it: put it straight back
-        os.umask(umask)
-        return 0o666 & ~umask
-
-
-def _write_atomically(path: str, tensors: dict[str, np.ndarray], header: dict[str, str]) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(
-            f"save_checkpoint: the directory {directory!r} does not exist; create it first."
-        )
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"save_checkpoint: {path!r} is a directory; give a file name.")
-    temporary = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
-    try:
-        # Made here first, so that a directory we may not write to is reported for the
-        # user's path (safetensors would name its own temporary file, in its own error).
-        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    except PermissionError:
-        raise PermissionError(
-            errno.EACCES,
-            f"save_checkpoint: cannot write {path!r}: no permission to create files in "
-            f"{directory!r}. Save to a directory you can write to, or change its "
-            "permissions",
-            path,
-        ) from None
-    try:
-        safetensors.numpy.save_file(tensors, temporary, metadata=header)
-        # safetensors creates files readable by their owner only; give the checkpoint the
-        # mode of the file it replaces, or that of any new file (the umask applied).
-        os.chmod(temporary, _file_mode(path))
-        with open(temporary, "rb+") as file:
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(temporary)
-        raise
-    if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable (POSIX)
-        descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-
-
-def _read(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The tensors (`{key: {"dtype", "shape", "data"}}`) and entries of a checkpoint."""
-    with open(path, "rb") as file:
-        content = file.read()
-    corrupt = f"load_checkpoint: {path!r} is not a readable checkpoint (truncated or corrupt?)"
-    try:
-        tensors = dict(safetensors.deserialize(content))
-        header = json.loads(content[8 : 8 + int.from_bytes(content[:8], "little")])
-    except (safetensors.SafetensorError, ValueError) as error:
-        raise ValueError(f"{corrupt}: {error}") from None
-    metadata = header.get("__metadata__") or {}
-    if metadata.get("format") != FORMAT:
-        raise ValueError(
-            f"load_checkpoint: {path!r} is a safetensors file, but not one written by "
-            "save_checkpoint (its header has no pytree_nn format entry). Read it with "
-            "`safetensors.numpy.load_file` and write the arrays with `pytree_graph.update`."
-        )
-    if metadata.get("format_version") != str(FORMAT_VERSION):
-        raise ValueError(
-            f"load_checkpoint: {path!r} has checkpoint format version "
-            f"{metadata.get('format_version')!r}; this version of pytree_nn reads version "
-            f"{FORMAT_VERSION}. Upgrade pytree_nn to read it."
-        )
-    try:
-        entries = json.loads(metadata["entries"])
-    except (KeyError, ValueError) as error:
-        raise ValueError(f"{corrupt}: its header entries cannot be read ({error}).") from None
-    if not isinstance(entries, dict) or entries.keys() != tensors.keys():
-        raise ValueError(f"{corrupt}: its header does not describe the arrays it holds.")
-    for key, entry in entries.items():
-        problem = _malformed(entry)
-        if problem is None:
-            try:
-                decode_key(key)
-            except ValueError as error:
-                problem = str(error)
-        if problem is not None:
-            raise ValueError(f"{corrupt}: the header entry of {key!r} {problem}.")
-    return tensors, entries
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _malformed(entry: Any) -> str | None:
-    """What is wrong with the form of a header entry (as `_stored` writes them), or None."""
-    if not isinstance(entry, dict):
-        return f"is a {type(entry).__name__}, not a mapping"
-    missing = sorted({"kind", "dtype", "shape", "crc32"} - entry.keys())
-    if missing:
-        return f"has no {', '.join(missing)}"
-    kind, dtype, shape = entry["kind"], entry["dtype"], entry["shape"]
-    if kind not in _KINDS:
-        return f"has the kind {kind!r} (not one of {sorted(_KINDS)})"
-    if not isinstance(dtype, str) or (_KINDS[kind] is not None and dtype not in _KINDS[kind]):
-        return f"has the dtype {dtype!r} for a value of kind {kind!r}"
-    if not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape):
-        return f"has the shape {shape!r} (not a list of sizes)"
-    if kind != "array" and shape:
-        return f"has the shape {shape!r} for a value of kind {kind!r}"
-    if not _is_int(entry["crc32"]):
-        return f"has the checksum {entry['crc32']!r} (not an int)"
-    if not isinstance(entry.get("key_impl", ""), str):
-        return f"has the PRNG implementation {entry['key_impl']!r} (not a name)"
-    if "type" in entry and not (
-        isinstance(entry["type"], str)
-        and isinstance(entry.get("metadata"), dict)
-        and isinstance(entry.get("metadata_names"), list)
-    ):
-        return "has a Variable type without metadata and its names"
-    return None
-
-
-def _restored(key: str, tensor: dict[str, Any], entry: dict[str, Any]) -> Any:
-    """The value of one entry, as a NumPy array (or PRNG key array), checked."""
-    data, code, shape = tensor["data"], tensor["dtype"], tuple(tensor["shape"])
-    if code not in _BY_CODE or zlib.crc32(data) != entry.get("crc32"):
-        raise ValueError(
-            f"the array {key!r} is corrupt (its checksum or dtype {code} is not what was written)"
-        )
-    array = np.frombuffer(data, dtype=jnp.dtype(_BY_CODE[code])).reshape(shape)
-    if entry["kind"] == "none":
-        if array.size:
-            raise ValueError(f"the entry {key!r} holds None but has {array.size} values")
-        return None
-    if "key_impl" in entry:
-        keys = jax.random.wrap_key_data(array, impl=entry["key_impl"])
-        if str(keys.dtype) != entry["dtype"] or list(keys.shape) != entry["shape"]:
+    flat = dict(state.flat_state())
+    _settle(path)
+    if _is_directory(path, flat):
+        arrays, document = directory_contents(flat)
+        step, finish = start_save(path, arrays, document, step, keep)
+    else:
+        if step is not None or keep != 1:
             raise ValueError(
-                f"the PRNG keys {key!r} are {_show_array(str(keys.dtype), keys.shape)}, not "
-                f"the {_show_array(entry['dtype'], entry['shape'])} written"
+                f"save_checkpoint: `step` and `keep` apply to checkpoint directories, and "
+                f"{path!r} is a file. Save to a directory (a path ending in '/') to keep "
+                "several steps."
             )
-        return keys
-    dtype = jnp.dtype(entry["dtype"]) if entry["kind"] == "array" else array.dtype
-    if array.dtype != dtype:
-        array = array.reshape(-1).view(dtype)
-    return array.reshape(entry["shape"])
-
-
-def _placed(value: Any, current: Any, kind: str) -> Any:
-    """A loaded value in the form of the value it replaces (device and sharding kept)."""
-    if kind == "none":
+        tensors, header = file_contents(flat, copy=not wait)
+        check_file_path(path)
+        finish = functools.partial(write_file, path, tensors, header)
+    if wait:
+        finish()
         return None
-    if kind == "python":
-        return type(current)(value.item())
-    if isinstance(current, jax.Array):
-        return jax.device_put(value, current.sharding)
-    if isinstance(current, jax.ShapeDtypeStruct):
-        sharding = current.sharding
-        return jax.device_put(value, sharding) if sharding is not None else jnp.asarray(value)
-    if isinstance(value, jax.Array):
-        return value
-    return np.array(value)[()] if isinstance(current, np.generic) else np.array(value)
+    handle = SaveHandle(path, step, finish)
+    with _pending_lock:
+        _pending[os.path.realpath(path)] = handle
+    return handle
 
 
-def _show_array(dtype: str, shape: tuple[int, ...]) -> str:
-    return _NONE if dtype == _NONE else f"{dtype}[{','.join(map(str, shape))}]"
+def checkpoint_steps(path: str | os.PathLike) -> list[int]:
+    """The steps saved in a checkpoint directory, oldest first.
 
+    A save still being written (`wait=False`) is waited for first; a save that was cut off
+    is not listed.
 
-def _mismatch(path: Path, leaf: Any, entry: dict[str, Any], check_metadata: bool) -> str | None:
-    """What keeps a checkpoint entry from being loaded into `leaf`, or None."""
-    where = path_text(path)
-    saved_type = entry.get("type")
-    if isinstance(leaf, Variable) != (saved_type is not None) or (
-        saved_type is not None and type(leaf).__qualname__ != saved_type
-    ):
-        kind = type(leaf).__name__ if isinstance(leaf, Variable) else "bare array"
-        return (
-            f"{where} is a {kind} in the model but a {saved_type or 'bare array'} in the checkpoint"
+    Arguments:
+        path: a directory `save_checkpoint` wrote to.
+
+    Returns:
+        The steps, e.g. `[200, 300]` after saving steps 100, 200 and 300 with `keep=2`.
+
+    Raises:
+        NotADirectoryError: `path` is not a directory (a single-file checkpoint has no steps).
+
+    Examples:
+        >>> import os, tempfile
+        >>> from pytree_nn import Linear, checkpoint_steps, save_checkpoint
+        >>> directory = os.path.join(tempfile.mkdtemp(), "run") + "/"
+        >>> for step in (100, 200, 300):
+        ...     save_checkpoint(directory, Linear(2, 3, rngs=0), step=step, keep=2)
+        >>> checkpoint_steps(directory)
+        [200, 300]
+    """
+    path = os.fspath(path)
+    _settle(path)
+    if not os.path.isdir(path):
+        raise NotADirectoryError(
+            f"checkpoint_steps: {path!r} is not a directory; only checkpoint directories "
+            "hold steps."
         )
-    value = leaf.value if isinstance(leaf, Variable) else leaf
-    described = _describe(value)
-    saved = (entry["kind"], entry["dtype"], tuple(entry["shape"]))
-    if described != saved:
-        now = _show_array(*described[1:]) if described else f"a {type(value).__name__}"
-        return f"{where} is {now} in the model but {_show_array(*saved[1:])} in the checkpoint"
-    if check_metadata and isinstance(leaf, Variable):
-        names = sorted(leaf.metadata)
-        current = _json_metadata(leaf, path, "load_checkpoint")
-        if names != entry.get("metadata_names") or current != entry.get("metadata"):
-            return (
-                f"the {type(leaf).__name__} at {where} {_METADATA} {current} (names "
-                f"{names}) in the model but {entry.get('metadata')} (names "
-                f"{entry.get('metadata_names')}) in the checkpoint"
-            )
-    return None
+    return steps(path)
 
 
 def load_checkpoint(
-    path: str | os.PathLike, model: Any, *filters: Any, check_metadata: bool = True
+    path: str | os.PathLike,
+    model: Any,
+    *filters: Any,
+    check_metadata: bool = True,
+    step: int | None = None,
 ) -> Any:
     """Load a checkpoint written by `save_checkpoint` into `model`, in place where it can.
 
     The checkpoint must hold exactly the model's state (or, with filters, the part they
-    select): the same paths, Variable types, metadata, shapes and dtypes. Everything,
-    checksums included, is checked before any value is written, so a file that does not
-    fit, or is truncated or corrupt, raises and leaves the model as it was. Each value
-    goes where the one it replaces was (its device and sharding); a model of
-    `jax.ShapeDtypeStruct`s (from `pytree_graph.eval_shape`) gets arrays. A shared
-    Variable is restored once, for all its references.
+    select): the same paths, Variable types, metadata, shapes and dtypes. Everything is
+    checked before any value is written (for a file, the checksums too), so a checkpoint
+    that does not fit, or is cut off or damaged, raises and leaves the model as it was.
+    Each value goes where the one it replaces is: its devices and sharding, on any mesh
+    and across any number of processes (from a directory, each process reads only the
+    shards it needs); a model of `jax.ShapeDtypeStruct`s (from `pytree_graph.eval_shape`)
+    gets arrays laid out as their shardings say. A shared Variable is restored once, for
+    all its references.
 
     Arguments:
-        path: the checkpoint file.
+        path: the checkpoint file, or directory (whose newest step is loaded).
         model: the model to restore into (a Module, or any graph of Modules and
             Variables, or any pytree of arrays such as an optax state), built with the
             same structure as the one saved.
@@ -470,6 +329,8 @@ def load_checkpoint(
             `pytree_graph.state(model, Param)`); by default, all of it.
         check_metadata: require the Variables' metadata to match the checkpoint's (the
             model's own metadata is kept either way).
+        step: directories only: the step to load (see `checkpoint_steps`); by default
+            the newest.
 
     Returns:
         `model`, restored in place; or, when it holds arrays directly in something that
@@ -481,9 +342,10 @@ def load_checkpoint(
     Raises:
         TypeError: `path` is not a path, or `model` is a single value (None, a number,
             an array) rather than something holding state.
-        ValueError: the file is not a checkpoint, is truncated or corrupt (any damaged
-            byte of its header, any damaged array), or does not match the model (the
-            message lists what differs). `model` is left as it was.
+        ValueError: the path is not a checkpoint, is cut off or damaged, or does not
+            match the model (the message lists what differs); `step` is given for a
+            file, or is not in the directory. `model` is left as it was.
+        ImportError: `path` is a directory and orbax-checkpoint is not installed.
 
     Examples:
         >>> import os, tempfile
@@ -499,56 +361,33 @@ def load_checkpoint(
     """
     if not isinstance(path, str | os.PathLike):
         raise TypeError(
-            f"load_checkpoint: `path` must be a str or os.PathLike (the file to read), got "
-            f"a {type(path).__name__} ({path!r})."
+            f"load_checkpoint: `path` must be a str or os.PathLike (the file or directory to "
+            f"read), got a {type(path).__name__} ({path!r})."
         )
-    check_graph("load_checkpoint", "model", model, _SAVED)
+    check_graph("load_checkpoint", "model", model, SAVED)
+    _check_step("load_checkpoint", step)
     path = os.fspath(path)
+    _settle(path)
     states = pytree_graph.state(model, *filters)
     flat: dict[Path, Any] = {}
     for part in states if isinstance(states, tuple) else (states,):
         flat.update(part.flat_state())
-    tensors, entries = _read(path)
-    saved = {decode_key(key): key for key in entries}
-    problems = [
-        f"{path_text(p)} is in the model but not in the checkpoint" for p in flat if p not in saved
-    ]
-    problems += [
-        f"{path_text(p)} is in the checkpoint but not in the model" for p in saved if p not in flat
-    ]
-    values = {}
-    for leaf_path, leaf in flat.items():
-        key = saved.get(leaf_path)
-        if key is None:
-            continue
-        problem = _mismatch(leaf_path, leaf, entries[key], check_metadata)
-        if problem is None:
-            try:
-                value = _restored(key, tensors[key], entries[key])
-            except (ValueError, TypeError) as error:
-                problem = f"{path_text(leaf_path)}: {error}"
-        if problem is not None:
-            problems.append(problem)
-            continue
-        current = leaf.value if isinstance(leaf, Variable) else leaf
-        values[leaf_path] = (value, current, entries[key]["kind"])
-    if problems:
-        listed = "; ".join(problems[:_SHOWN])
-        more = f"; and {len(problems) - _SHOWN} more" if len(problems) > _SHOWN else ""
+    if os.path.isdir(path):
+        reader = DirectoryReader(path, step)
+    elif step is not None:
         raise ValueError(
-            f"load_checkpoint: {path!r} does not fit the {type(model).__name__}: "
-            f"{listed}{more}. Nothing was loaded. Build the model as it was when saved"
-            + (
-                ", or pass check_metadata=False to ignore metadata."
-                if any(_METADATA in problem for problem in problems)
-                else "."
-            )
+            f"load_checkpoint: `step` applies to checkpoint directories, and {path!r} is a file."
         )
-    placed = {p: _placed(v, c, kind) for p, (v, c, kind) in values.items()}
+    else:
+        reader = FileReader(path)
+    try:
+        values = _read_fitting(path, model, flat, reader, check_metadata)
+    finally:
+        reader.close()
     try:
         # `update` checks every path before it writes one, so when it refuses, nothing of
         # `model` has changed.
-        pytree_graph.update(model, State.from_flat_path(placed))
+        pytree_graph.update(model, State.from_flat_path(values))
     except TraceContextError:
         raise  # a write refused inside a trace is the caller's error, not a form of model
     except ValueError:
@@ -557,8 +396,54 @@ def load_checkpoint(
         # loaded values, which `model = load_checkpoint(...)` takes.
         graphdef, whole = pytree_graph.split(model)
         everything = dict(whole.flat_state())
-        for leaf_path, value in placed.items():
+        for leaf_path, value in values.items():
             leaf = everything[leaf_path]
             everything[leaf_path] = leaf.replace(value) if isinstance(leaf, Variable) else value
         return pytree_graph.merge(graphdef, State.from_flat_path(everything))
     return model
+
+
+def _read_fitting(
+    path: str,
+    model: Any,
+    flat: dict[Path, Any],
+    reader: FileReader | DirectoryReader,
+    check_metadata: bool,
+) -> dict[Path, Any]:
+    """The checkpoint's values for the model's `flat` state, each in the form of the value
+    it replaces; or a ValueError listing everything that does not fit."""
+    saved = {decode_key(key): key for key in reader.entries}
+    problems = [
+        f"{path_text(p)} is in the model but not in the checkpoint" for p in flat if p not in saved
+    ]
+    problems += [
+        f"{path_text(p)} is in the checkpoint but not in the model" for p in saved if p not in flat
+    ]
+    wanted: dict[str, tuple[Path, Any]] = {}
+    for leaf_path, leaf in flat.items():
+        key = saved.get(leaf_path)
+        if key is None:
+            continue
+        problem = mismatch(leaf_path, leaf, reader.entries[key], check_metadata)
+        if problem is not None:
+            problems.append(problem)
+            continue
+        wanted[key] = (leaf_path, leaf.value if isinstance(leaf, Variable) else leaf)
+    if not problems:  # read the arrays once the checkpoint fits: laid out as the model's
+        values, problems = reader.values(wanted)
+    if problems:
+        listed = "; ".join(problems[:_SHOWN])
+        more = f"; and {len(problems) - _SHOWN} more" if len(problems) > _SHOWN else ""
+        raise ValueError(
+            f"load_checkpoint: {path!r} does not fit the {type(model).__name__}: "
+            f"{listed}{more}. Nothing was loaded. Build the model as it was when saved"
+            + (
+                ", or pass check_metadata=False to ignore metadata."
+                if any(METADATA_DIFFERS in problem for problem in problems)
+                else "."
+            )
+        )
+    return {
+        leaf_path: placed(values[key], current, reader.entries[key]["kind"])
+        for key, (leaf_path, current) in wanted.items()
+    }
