@@ -28,6 +28,8 @@ class Everything(Module):
         self.scale = Variable(float(seed) + 0.5)
         self.steps = Variable(seed)
         self.empty = Param(jnp.zeros((0, 3)))
+        self.empty_half = Param(jnp.zeros((2, 0), jnp.bfloat16))
+        self.host = np.asarray(rng.normal(size=(3,)))  # a NumPy array, kept one
         self.raw = jnp.asarray(rng.normal(size=(2,)), jnp.float32)  # a bare array
         self.layers = [Linear(2, 2, rngs=seed), Linear(2, 2, rngs=seed + 1)]
         self.table = {"a/b": Param(jnp.full(2, seed, jnp.float32)), "0": Param(jnp.ones(1) * seed)}

@@ -100,6 +100,11 @@ if phase == "save":
     replicated = pg.create_sharded(lambda rngs: Linear(32, 16, rngs=rngs), mesh, Rngs(4))
     save_checkpoint(os.path.join(folder, "replicated.safetensors"), replicated)
     report["replicated"] = digest(replicated)
+    try:  # each process's own arrays: no one checkpoint of them
+        save_checkpoint(os.path.join(folder, "local") + "/", Linear(4, 4, rngs=Rngs(0)))
+    except ValueError as error:
+        report["local_refused"] = str(error)
+    report["local_written"] = os.path.exists(os.path.join(folder, "local"))
     report["saved"] = digest(optimizer)
 elif phase == "one-process":
     mesh = on_mesh((2, 4), ("data", "model"))
@@ -163,6 +168,15 @@ def test_one_file_refuses_arrays_spread_over_processes(phases):
     assert "kernel is spread over the devices of 2 processes" in message
     assert "Save to a directory instead" in message and "pytree-nn[orbax]" in message
     assert not saved["file_written"]
+
+
+@pytest.mark.multi_process
+def test_arrays_each_process_holds_alone_are_refused(phases):
+    saved, _, _ = phases
+    message = saved["local_refused"]
+    assert "the Param at .bias is held by this process alone" in message
+    assert "pytree_graph.create_sharded" in message
+    assert not saved["local_written"]
 
 
 @pytest.mark.multi_process

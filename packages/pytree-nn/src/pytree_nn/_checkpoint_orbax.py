@@ -13,10 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
-from pytree_filter import Path
+from pytree_filter import Path, path_text
 
 from ._checkpoint_entries import (
     FORMAT,
@@ -90,12 +91,24 @@ def directory_contents(flat: dict[Path, Any]) -> tuple[dict[str, Any], dict[str,
 
     Raises:
         TypeError, ValueError: as `entry_for`.
+        ValueError: in a program of several processes, a jax.Array held by this process
+            alone (each process would write its own, different array under one name).
     """
     arrays: dict[str, Any] = {}
     entries: dict[str, Any] = {}
+    processes = jax.process_count()
     for path, leaf in flat.items():
         key = encode_path(path)
         value, entry = entry_for(path, leaf)
+        if processes > 1 and isinstance(value, jax.Array) and value.is_fully_addressable:
+            raise ValueError(
+                f"save_checkpoint: the {type(leaf).__name__} at {path_text(path)} is held by "
+                f"this process alone (on {', '.join(map(str, value.devices()))}), but this "
+                f"program has {processes} processes, which write one checkpoint directory "
+                "together from arrays laid out over all of their devices. Build the model on "
+                "a mesh of jax.devices() (pytree_graph.create_sharded, or "
+                "pytree_graph.shard(model, mesh)), or give each process a file of its own."
+            )
         if entry["kind"] == "python":
             entry["value"] = value.hex() if isinstance(value, float) else value
         elif entry["kind"] == "array":
@@ -250,7 +263,8 @@ class DirectoryReader:
             elif entry["kind"] == "none":
                 values[key] = None
             elif np.prod(entry.get("data_shape", entry["shape"]), dtype=int) == 0:
-                dtype = np.uint32 if "key_impl" in entry else entry["dtype"]
+                # No elements: nothing was written; the dtype may be one NumPy lacks.
+                dtype = np.uint32 if "key_impl" in entry else jnp.dtype(entry["dtype"])
                 values[key] = np.zeros(entry.get("data_shape", entry["shape"]), dtype)
             else:
                 targets[key] = _target(current, entry)
