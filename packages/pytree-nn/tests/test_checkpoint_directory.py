@@ -51,6 +51,23 @@ def test_layout_one_folder_per_step_with_entries_and_arrays(tmp_path):
     json.dumps(document, allow_nan=False)  # plain JSON
 
 
+def test_which_paths_are_directories(tmp_path):
+    """Ending in '/', naming a directory, or new without an extension: a directory. With an
+    extension, or naming a file (even one without an extension): one file."""
+    for name in ("ckpt", "run.v1/step_100", ".hidden"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        save_checkpoint(tmp_path / name, Linear(2, 3, rngs=0))
+        assert checkpoint_steps(tmp_path / name) == [0], name
+    for name in ("model.safetensors", "model.ckpt"):
+        save_checkpoint(tmp_path / name, Linear(2, 3, rngs=0))
+        assert (tmp_path / name).is_file(), name
+    (tmp_path / "weights").write_bytes((tmp_path / "model.ckpt").read_bytes())
+    save_checkpoint(tmp_path / "weights", Linear(2, 3, rngs=1))  # an existing file: a file
+    assert (tmp_path / "weights").is_file()
+    loaded = load_checkpoint(tmp_path / "weights", Linear(2, 3, rngs=5))
+    np.testing.assert_array_equal(loaded.kernel.value, Linear(2, 3, rngs=1).kernel.value)
+
+
 def test_an_existing_directory_is_a_checkpoint_directory(tmp_path):
     path = tmp_path / "run"
     path.mkdir()

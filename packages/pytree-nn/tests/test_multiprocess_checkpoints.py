@@ -89,8 +89,8 @@ if phase == "save":
     save_checkpoint(os.path.join(folder, "two-by-four") + "/", optimizer)
     handle = save_checkpoint(os.path.join(folder, "background") + "/", optimizer, wait=False)
     handle.wait()
-    save_checkpoint(os.path.join(folder, "no-suffix"), optimizer)  # spread: a directory
-    report["no_suffix_is_directory"] = os.path.isdir(os.path.join(folder, "no-suffix"))
+    save_checkpoint(os.path.join(folder, "spread.ckpt"), optimizer)  # sharded: a directory
+    report["other_extension_is_directory"] = os.path.isdir(os.path.join(folder, "spread.ckpt"))
     try:
         save_checkpoint(os.path.join(folder, "one.safetensors"), optimizer)
     except ValueError as error:
@@ -124,7 +124,7 @@ elif phase == "one-process":
     save_checkpoint(os.path.join(folder, "one-by-eight.safetensors"), optimizer)
 else:  # two processes again, on a mesh of another shape
     mesh = on_mesh((2, 4), ("model", "data"))
-    for name in ("one-by-eight", "no-suffix", "one-by-eight.safetensors"):
+    for name in ("one-by-eight", "spread.ckpt", "one-by-eight.safetensors"):
         _, optimizer = fresh(mesh, 3)
         load_checkpoint(os.path.join(folder, name), optimizer)
         report[name] = digest(optimizer)
@@ -158,7 +158,7 @@ def test_two_processes_save_their_shards_to_a_directory(phases):
     saved, _, _ = phases
     assert saved["processes"] == 2 and saved["devices"] == 8
     assert saved["spans"] == 2  # each process holds only its half of every kernel
-    assert saved["no_suffix_is_directory"]
+    assert saved["other_extension_is_directory"]
 
 
 @pytest.mark.multi_process
@@ -199,5 +199,5 @@ def test_two_processes_restore_onto_another_mesh(phases):
     saved, _, two = phases
     assert two["processes"] == 2 and two["mesh"] == {"model": 2, "data": 4}
     assert two["spans"] == 2
-    for name in ("one-by-eight", "no-suffix", "one-by-eight.safetensors"):
+    for name in ("one-by-eight", "spread.ckpt", "one-by-eight.safetensors"):
         assert two[name] == saved["saved"], name

@@ -138,13 +138,17 @@ def _check_step(function: str, step: Any) -> None:
 
 
 def _is_directory(path: str, flat: dict[Path, Any]) -> bool:
-    """Whether a save to `path` writes a directory: a path ending in a separator or naming a
-    directory does; so does any other path but a `.safetensors` or existing file, when some
-    array is spread over several processes (no one process could write it whole)."""
+    """Whether a save to `path` writes a directory: a path ending in a separator, naming a
+    directory, or new and without a file extension (`ckpt`, `runs/step_100`) does; an
+    existing file stays one. A path with another extension than `.safetensors` is a
+    directory too when some array is spread over several processes (no one process could
+    write it whole)."""
     if path.endswith(("/", os.sep)) or os.path.isdir(path):
         return True
     if path.endswith(".safetensors") or os.path.exists(path):
         return False
+    if not os.path.splitext(os.path.basename(path))[1]:
+        return True
     return any(
         spanned_processes(leaf.value if isinstance(leaf, Variable) else leaf) > 1
         for leaf in flat.values()
@@ -165,15 +169,16 @@ def save_checkpoint(
     dtype (`bfloat16` and PRNG keys included), with the Variable types and metadata. A
     Variable shared by several parts of the model is stored once. Nothing is pickled.
 
-    **One file** (a path that is not a directory, conventionally ending in
-    `.safetensors`): for one host. The file is written under a temporary name in the same
+    **One file** (a path with a file extension, conventionally `.safetensors`, or naming an
+    existing file): for one host. The file is written under a temporary name in the same
     directory, flushed to disk, and renamed over `path`: a failure part-way leaves any
     earlier file at `path` as it was, and a reader never sees half a file. Each array has
     a checksum. Arrays spread over the devices of several processes cannot be gathered
     into one file: that raises an error naming the directory form.
 
-    **A directory** (a path ending in `/`, or naming an existing directory; also any path
-    but a `.safetensors` file when arrays are spread over several processes): written with
+    **A directory** (a path ending in `/`, naming an existing directory, or new and without
+    a file extension, such as `ckpt` or `runs/step_100`; also a path with another extension
+    than `.safetensors` when arrays are spread over several processes): written with
     orbax-checkpoint (`pip install 'pytree-nn[orbax]'`). In a `jax.distributed` program
     every process calls `save_checkpoint` alike and writes only the shards it holds. Each
     save is a folder `path/<step>`, which appears whole or not at all: a save cut off
