@@ -51,7 +51,9 @@ def field(
             hashable (lists, dicts and sets of hashable values are hashed by content) and
             may not contain arrays.
         converter: called once on the value after `__init__` returns, before the
-            statuses are settled and before `__check_init__` runs.
+            statuses are settled and before `__check_init__` runs. The generated
+            `__init__` annotates the argument with the type of the converter's first
+            parameter (`Any` if it has none), since that is what it accepts.
         default: default value for the generated `__init__`.
         default_factory: zero-argument callable making the default (for mutable defaults).
         init: whether the generated `__init__` takes this field as an argument.

@@ -4,13 +4,20 @@ import dataclasses
 import inspect
 import operator
 from collections.abc import Callable
-from types import FunctionType, MethodType
+from types import CodeType, FunctionType, MethodType
 from typing import Any, ClassVar
 
 import jax
 
+from ._abstract import (
+    abstract_methods,
+    is_abstract,
+    refuse_unset_abstract_vars,
+    unprovided_class_vars_error,
+)
 from ._bound_method import BoundMethod, MethodDescriptor
 from ._errors import TraceContextError
+from ._generated_init import present_generated_init
 from ._layout import Layout, SlotSetters, TreedefEntry, get_layout
 from ._module_info import ModuleInfo
 from ._mutations import touch
@@ -23,6 +30,12 @@ from ._status import (
     register_data_type,
 )
 from ._trace import current_trace_token, same_trace
+from ._warnings import (
+    TRANSFORMED_TYPES,
+    calls_post_init,
+    warn_if_wrapping_parameters,
+    warn_post_init_skipped,
+)
 
 # Forced statuses (`data(...)`/`static(...)` assignments) of instances whose `__init__` is
 # running, keyed by `id(instance)`. Presence here is what "still initialising" means, and
@@ -127,10 +140,23 @@ class _ModuleMeta(type):
             pytree = inherited.pytree if inherited is not None else True
         custom_init = not is_root and _has_custom_init(cls)
         # The root keeps its own `__init__` (see `Module.__init__`).
-        dataclasses.dataclass(cls, init=not (is_root or custom_init), repr=False, eq=False)
-        cls.__module_info__ = ModuleInfo.of(
+        generated_init = not (is_root or custom_init)
+        if custom_init and _newly_skips_post_init(cls):
+            warn_post_init_skipped(cls)
+        # Read before `dataclasses` replaces it; the root's describes `super().__init__(...)`
+        # forwarding, not the generated one.
+        inherited_doc = (
+            cls.__init__.__doc__ if generated_init and cls.__init__ is not Module.__init__ else None
+        )
+        _make_dataclass(cls, init=generated_init)
+        cls.__module_info__ = info = ModuleInfo.of(
             cls, frozen=frozen, pytree=pytree, custom_init=custom_init
         )
+        # Python refuses to instantiate a class whose `__abstractmethods__` is not empty,
+        # which honours `@abc.abstractmethod` without `ABCMeta` and its slower isinstance.
+        cls.__abstractmethods__ = abstract_methods(cls)
+        if generated_init:
+            present_generated_init(cls, info.converters, inherited_doc)
         # Copies of two of its facts, for `pytree_module.extend.is_pytree_class` and
         # `is_frozen_class`: graph walks ask once per object, and reading one class attribute
         # takes about half the time of reading `__module_info__.pytree` (both in C).
@@ -143,6 +169,9 @@ class _ModuleMeta(type):
         return cls
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        info = cls.__module_info__
+        if info.abstract_class_vars:
+            raise unprovided_class_vars_error(cls, info.abstract_class_vars)
         self = cls.__new__(cls)
         key = id(self)
         forced: dict[str, bool] = {}
@@ -158,7 +187,7 @@ class _ModuleMeta(type):
             _finish_init(self, forced)
         finally:
             del _INITIALISING[key]
-        for check_init in cls.__module_info__.check_inits:
+        for check_init in info.check_inits:
             check_init(self)
         return self
 
@@ -188,6 +217,43 @@ def _refuse_slots(name: str, namespace: dict[str, Any]) -> None:
             "__slots__ (or leave it empty, `__slots__ = ()`), and declare the attributes "
             "as fields or assign them in __init__."
         )
+
+
+def _make_dataclass(cls: type, *, init: bool) -> None:
+    """Make `cls` a dataclass whose fields are its annotations less the abstract ones.
+
+    `AbstractVar`/`AbstractClassVar` annotations declare no field, so `dataclasses` must not
+    see them; they are put back afterwards, for `abstract_attributes` and for readers.
+    """
+    annotations = inspect.get_annotations(cls)
+    concrete = {k: v for k, v in annotations.items() if not is_abstract(k, v)}
+    if len(concrete) == len(annotations):
+        dataclasses.dataclass(cls, init=init, repr=False, eq=False)
+        return
+    cls.__annotations__ = concrete
+    try:
+        dataclasses.dataclass(cls, init=init, repr=False, eq=False)
+    finally:
+        cls.__annotations__ = annotations
+
+
+def _newly_skips_post_init(cls: type) -> bool:
+    """Whether `cls`, whose `__init__` is hand-written, is the first to skip a `__post_init__`.
+
+    Only a generated `__init__` calls `__post_init__`. Equinox warns for every such class;
+    this warns where the combination is made (a subclass that changes neither method was
+    warned about in its parent), and not when `__init__` calls `__post_init__` itself.
+    """
+    post_init = getattr(cls, "__post_init__", None)
+    if post_init is None or calls_post_init(cls.__init__):
+        return False
+    parent = next(klass for klass in cls.__mro__[1:] if isinstance(klass, _ModuleMeta))
+    already_skipped = (
+        parent.__module_info__.custom_init
+        and parent.__init__ is cls.__init__
+        and getattr(parent, "__post_init__", None) is post_init
+    )
+    return not already_skipped
 
 
 def _has_custom_init(cls: type) -> bool:
@@ -242,6 +308,12 @@ class Module(metaclass=_ModuleMeta):
     Class options: `class M(Module, frozen=True)` refuses assignment after `__init__`
     (update copies with `tree_at`); `class M(Module, pytree=False)` is not a pytree and runs
     no status checks (use it through pytree_graph).
+
+    Abstract classes: `@abc.abstractmethod` methods, `x: AbstractVar[T]` attributes and
+    `y: AbstractClassVar[T]` class attributes must be provided by a subclass before it can
+    be instantiated (`TypeError` otherwise). A `__post_init__` runs at the end of a
+    generated `__init__`; next to a hand-written `__init__` it never runs, and defining
+    both warns.
 
     Mutating a Module from inside a JAX trace other than the one it was created in raises
     `TraceContextError`. Modules hash and compare by identity; use `tree_equal` for values.
@@ -396,20 +468,43 @@ def _describe(module: Module, name: str) -> Callable[[], str]:
     return lambda: f"Attribute '{name}' of {type(module).__name__}"
 
 
+# Types of the values that assignment looks at more closely: bound methods (refused when bound
+# to the module itself) and the callables JAX transforms return (which may hide parameters).
+# One lookup of the exact type costs less than one `isinstance`, and assignment is a hot
+# path; neither `MethodType` nor `BoundMethod` is subclassed.
+_CALLABLE_TYPES = frozenset({BoundMethod, MethodType}) | TRANSFORMED_TYPES
+
+
 def _check_assignable(module: Module, name: str, value: Any) -> None:
     """Checks every assignment runs, whatever the status."""
-    if isinstance(value, BoundMethod | MethodType) and value.__self__ is module:
-        raise ValueError(
-            f"Cannot assign a bound method of this {type(module).__name__} to its own "
-            f"attribute '{name}': the module would contain itself. Define a method instead, "
-            "or store the plain function and call it with the module."
-        )
+    if type(value) in _CALLABLE_TYPES:
+        _check_callable(module, name, value)
     if contains_wrapper(value):
         raise ValueError(
             f"Attribute '{name}' of {type(module).__name__}: found data(...)/static(...) "
             "inside a container. These wrappers mark a whole attribute and must be the "
             f"assigned value itself: `self.{name} = data([...])`, not `[data(...)]`."
         )
+
+
+def _check_callable(module: Module, name: str, value: Any) -> None:
+    cls = type(module)
+    if type(value) is BoundMethod or type(value) is MethodType:
+        if value.__self__ is module:
+            raise ValueError(
+                f"Cannot assign a bound method of this {cls.__name__} to its own "
+                f"attribute '{name}': the module would contain itself. Define a method "
+                "instead, or store the plain function and call it with the module."
+            )
+    else:
+        warn_if_wrapping_parameters(cls, name, value, _generated_init_code(cls))
+
+
+def _generated_init_code(cls: type) -> tuple[CodeType, ...]:
+    """The code of `cls`'s generated `__init__`, if it has one: warnings pass over it."""
+    if cls.__module_info__.custom_init:
+        return ()
+    return (cls.__init__.__code__,)
 
 
 def _unwrap(module: Module, name: str, value: Any) -> tuple[bool | None, Any]:
@@ -472,7 +567,12 @@ def _set_during_init(module: Module, forced: dict[str, bool], name: str, value: 
         known = _status_for(info, name, value, forced.get(name), None, infer=False)
         if known is False:
             _refuse_data_in_static(module, name, value)
-    if info.frozen and info.field_index and name not in info.field_index:
+    if (
+        info.frozen
+        and info.field_index
+        and name not in info.field_index
+        and name not in info.abstract_vars
+    ):
         raise ValueError(
             f"Cannot set attribute '{name}' on frozen {cls.__name__}: it is not one of its "
             f"fields {list(info.field_index)}. Declare it with an annotation in "
@@ -573,6 +673,8 @@ def _finish_init(module: Module, forced: dict[str, bool]) -> None:
     """After `__init__`: defaults, converters, statuses, checks, layout."""
     cls = type(module)
     info = cls.__module_info__
+    if info.abstract_vars:
+        refuse_unset_abstract_vars(module, info.abstract_vars)
     values = module.__dict__
     missing = []
     provided = info.class_provided

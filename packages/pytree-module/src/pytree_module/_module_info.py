@@ -5,6 +5,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from ._abstract import abstract_attributes
 from ._field import field_converter, field_is_static
 
 
@@ -37,6 +38,11 @@ class ModuleInfo:
     """Fields that a subclass replaced with a class attribute (a property, say)."""
     check_inits: tuple[Callable[[Any], None], ...]
     """Every `__check_init__` along the MRO, run after `__init__`, most derived first."""
+    abstract_vars: tuple[str, ...]
+    """`AbstractVar` names that no class provides: `__init__` must set them on the instance.
+    Empty for almost every class, so the check after `__init__` is one truth test."""
+    abstract_class_vars: tuple[str, ...]
+    """`AbstractClassVar` names that no class provides: instantiation is refused."""
     descriptors: dict[str, bool]
     """Cache: attribute name -> whether a class-level data descriptor handles it."""
 
@@ -46,6 +52,7 @@ class ModuleInfo:
     ) -> "ModuleInfo":
         """Work out the facts of `module_class`, once it is a dataclass."""
         fields = dataclasses.fields(module_class)
+        abstract_vars, abstract_class_vars = abstract_attributes(module_class)
         return cls(
             frozen=frozen,
             pytree=pytree,
@@ -64,6 +71,8 @@ class ModuleInfo:
                 for klass in module_class.__mro__
                 if "__check_init__" in klass.__dict__
             ),
+            abstract_vars=abstract_vars,
+            abstract_class_vars=abstract_class_vars,
             descriptors={},
         )
 
