@@ -1,9 +1,12 @@
 """The sharding example (examples/sharding.py): every layout trains as one device does, in one
 process and in two; the parameters are really split."""
 
+import contextlib
+import fcntl
 import os
 import re
 import socket
+import tempfile
 
 import jax
 import numpy as np
@@ -49,15 +52,26 @@ def _free_port():
         return probe.getsockname()[1]
 
 
+@contextlib.contextmanager
+def _alone_with_processes():
+    """The lock the packages' tests take around each group of jax.distributed processes
+    (packages/pytree-nn/tests/local_processes.py): one group at a time, so that two cannot
+    take one free port, nor slow each other's collectives past gloo's time limit."""
+    path = os.path.join(tempfile.gettempdir(), "pytree-tests-jax-distributed.lock")
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        yield
+
+
 def test_two_processes_of_4_devices_train_as_one_device():
     """The several-hosts recipe, on one machine: two processes, one mesh over both."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # --devices 4 applies
-    address = f"localhost:{_free_port()}"
     common = (*SHORT_RUN, "--layouts", "fsdp", "--no-scaling", "--devices", "4")
-    common += ("--processes", "2", "--coordinator", address)
-    with started_example("sharding", *common, "--process-id", "1", env=env) as second:
-        first = run_example("sharding", *common, "--process-id", "0", env=env)
-        second_out, second_err = second.communicate(timeout=600)
+    with _alone_with_processes():
+        common += ("--processes", "2", "--coordinator", f"localhost:{_free_port()}")
+        with started_example("sharding", *common, "--process-id", "1", env=env) as second:
+            first = run_example("sharding", *common, "--process-id", "0", env=env)
+            second_out, second_err = second.communicate(timeout=600)
     assert first.returncode == 0, first.stdout + first.stderr
     assert second.returncode == 0, second_out + second_err
     assert _ours(second_out) == []  # only process 0 prints

@@ -7,6 +7,7 @@ see one mesh of eight. The tests import the helper by name (`from local_processe
 run_processes`; conftest.py puts this folder on `sys.path`).
 """
 
+import contextlib
 import os
 import pathlib
 import socket
@@ -14,7 +15,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 # Prepended to every script: the environment variables are run_processes's. A script that
 # raises exits at once: after `jax.distributed.initialize`, a normal exit first waits in
@@ -48,6 +54,8 @@ if int(os.environ["PYTREE_TEST_PROCESSES"]) > 1:
 """
 
 # Set for the test run (hatch.toml); a child gets its own device count and no pytest options.
+# Shared with tests/test_example_sharding.py, whose two-process run takes it as well.
+LOCK_FILE = os.path.join(tempfile.gettempdir(), "pytree-tests-jax-distributed.lock")
 _NOT_INHERITED = ("XLA_FLAGS", "PYTEST_ADDOPTS")
 _POLL_SECONDS = 0.1
 _SHOWN_CHARACTERS = 20_000  # of each process's stdout and stderr in a failure's message
@@ -113,6 +121,22 @@ def run_processes(
             f"run_processes: processes and devices must be at least 1, got {processes} "
             f"and {devices}."
         )
+    # One group of processes at a time across the test run's workers: two groups starting
+    # together could take the same free port, and on a small machine their collectives
+    # (gloo, which gives up after 30 s) would wait on each other's compiling.
+    with one_group_at_a_time():
+        return _run_group(source, processes, devices, args, timeout, env)
+
+
+def _run_group(
+    source: str,
+    processes: int,
+    devices: int,
+    args: Sequence[str],
+    timeout: float,
+    env: Mapping[str, str] | None,
+) -> list[str]:
+    """`run_processes` once the lock is held."""
     common = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
     common |= {
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
@@ -169,6 +193,22 @@ def run_processes(
 # connected to 1 peer ranks. Expected number of connected peer ranks is : 1", at times cut in
 # two lines by the process's own output.
 _GLOO_LINES = ("[Gloo]", "Expected number of connected peer ranks")
+
+
+@contextlib.contextmanager
+def one_group_at_a_time() -> Iterator[None]:
+    """Hold a lock that every group of `jax.distributed` processes the tests start takes
+    (tests/test_example_sharding.py takes it too): a file lock, so it holds across the
+    processes of pytest-xdist."""
+    if fcntl is None:  # not POSIX: no lock, the groups may overlap
+        yield
+        return
+    with open(LOCK_FILE, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _read(path: pathlib.Path) -> str:

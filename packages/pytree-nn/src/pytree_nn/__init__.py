@@ -2,6 +2,15 @@
 
 from . import initializers as initializers
 from .__about__ import __version__ as __version__
+from ._activations import PReLU as PReLU
+from ._adaptive_pooling import AdaptiveAvgPool as AdaptiveAvgPool
+from ._adaptive_pooling import AdaptiveAvgPool1d as AdaptiveAvgPool1d
+from ._adaptive_pooling import AdaptiveAvgPool2d as AdaptiveAvgPool2d
+from ._adaptive_pooling import AdaptiveAvgPool3d as AdaptiveAvgPool3d
+from ._adaptive_pooling import AdaptiveMaxPool as AdaptiveMaxPool
+from ._adaptive_pooling import AdaptiveMaxPool1d as AdaptiveMaxPool1d
+from ._adaptive_pooling import AdaptiveMaxPool2d as AdaptiveMaxPool2d
+from ._adaptive_pooling import AdaptiveMaxPool3d as AdaptiveMaxPool3d
 from ._attention import MultiHeadAttention as MultiHeadAttention
 from ._attention import combine_masks as combine_masks
 from ._attention import dot_product_attention as dot_product_attention
@@ -11,6 +20,7 @@ from ._checkpoint import SaveHandle as SaveHandle
 from ._checkpoint import checkpoint_steps as checkpoint_steps
 from ._checkpoint import load_checkpoint as load_checkpoint
 from ._checkpoint import save_checkpoint as save_checkpoint
+from ._combinators import Identity as Identity
 from ._combinators import Lambda as Lambda
 from ._combinators import Sequential as Sequential
 from ._conv import Conv as Conv

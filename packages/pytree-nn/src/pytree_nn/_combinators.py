@@ -1,4 +1,4 @@
-"""Combining layers: `Sequential` and `Lambda`."""
+"""Combining layers: `Sequential`, `Lambda` and the placeholder `Identity`."""
 
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +27,32 @@ class Lambda(Module):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the function."""
         return self.fn(*args, **kwargs)
+
+
+class Identity(Module):
+    """A layer that returns its input unchanged: a placeholder for an optional layer.
+
+    It has no parameters. Constructor arguments are accepted and ignored, so it can stand
+    in where another layer's arguments are passed (as Equinox's `eqx.nn.Identity` does);
+    so are keyword arguments of the call, such as Equinox's `key=`.
+
+    Arguments:
+        *args: ignored.
+        **kwargs: ignored.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn import Identity
+        >>> Identity(3, 4, rngs=0)(jnp.array([1.0, 2.0]), key=None).tolist()
+        [1.0, 2.0]
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        del args, kwargs
+
+    def __call__(self, x: Any, **ignored: Any) -> Any:
+        """Return `x`, of any type, unchanged; keyword arguments are ignored."""
+        return x
 
 
 class Sequential(Module):

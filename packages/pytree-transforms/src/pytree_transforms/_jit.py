@@ -34,7 +34,10 @@ from ._sharing import Sharing, find_sharing, has_repeats, selected_once
 from ._static_key import KeyedStatics
 from ._wrapper_cache import WrapperCache
 
-_DONATE = ("none", "all", "all-except-first", "warn")
+_DONATE = ("none", "all", "all-except-first", "warn", "warn-except-first")
+# The donate values that keep the first argument's arrays (Equinox's spellings: the "warn"
+# ones name the same donation, and JAX warns of unusable buffers for every value here).
+_KEEP_FIRST = ("all-except-first", "warn-except-first")
 # `jax.jit` options that depend on how the arguments are passed in.
 _SHARDINGS = {"in_shardings", "out_shardings"}
 
@@ -61,7 +64,9 @@ def filter_jit(
     Arguments:
         fun: the function to compile. Omit it to get a decorator with these options.
         donate: `"none"`, `"all"` (donate every traced input buffer), `"all-except-first"`
-            (all but those of the first argument), or `"warn"` (as `"all"`).
+            (all but those of the first argument), `"warn"` (as `"all"`) or
+            `"warn-except-first"` (as `"all-except-first"`). A buffer that cannot be reused
+            is not an error: JAX warns "Some donated buffers were not usable".
         default: the filter deciding what is traced in every argument without an override:
             `True`/`False`, a leaf predicate, or a prefix pytree of those.
         fn: the filter for `fun` itself (defaults to `default`).
@@ -94,7 +99,11 @@ def filter_jit(
         return lambda f: filter_jit(f, **options, **jitkwargs)
     check_callable(fun, "filter_jit")
     if donate not in _DONATE:
-        raise ValueError(f"filter_jit(donate=...) must be one of {_DONATE}, got {donate!r}.")
+        raise ValueError(
+            f"filter_jit(donate=...) must be one of {', '.join(map(repr, _DONATE))}; got "
+            f'{donate!r}. To donate only some arguments, use donate="all-except-first" '
+            "and pass what must be kept in the first argument."
+        )
     for name in ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames"):
         if name in jitkwargs:
             raise TypeError(
@@ -287,7 +296,7 @@ class JitWrapper(BindsAsMethod):
             if plan.mask == mask and plan.static_types == static_types:
                 return plan
         kept = 0
-        if self._donate == "all-except-first":
+        if self._donate in _KEEP_FIRST:
             # Leaves of `fun` and of the first argument come first in flat order.
             full = treedef.treedef if isinstance(treedef, Sharing) else treedef
             fun_def, args_def, _ = full.children()
@@ -357,3 +366,8 @@ def _is_leaf(fun: Any) -> bool:
 # The wrappers made so far, so that wrapping the same function again with equal options
 # reuses its wrapper and compilations (see `WrapperCache`).
 _WRAPPERS = WrapperCache()
+
+
+def forget_wrappers() -> None:
+    """Forget the wrappers made so far (see `clear_caches`)."""
+    _WRAPPERS.clear()

@@ -77,7 +77,8 @@ class Plan:
         self.get_dynamic = _tuple_getter(dynamic)
         self.get_static = _tuple_getter([i for i, m in enumerate(mask) if not m])
         # The traced leaves never donated (those of `fun` and of the first argument, with
-        # `donate="all-except-first"`) come first in flat order: they are the first `kept`.
+        # `donate="all-except-first"` or `"warn-except-first"`) come first in flat order:
+        # they are the first `kept`.
         self.kept = sum(1 for i in dynamic if i < kept_leaves)
         # The plan's `jax.jit`, set by the wrapper right after making the plan (it is a
         # function of the plan).

@@ -135,6 +135,11 @@ def find_sharing(tree: Any, treedef: PyTreeDef | None = None) -> Sharing | None:
     return found
 
 
+def clear_interned() -> None:
+    """Forget the interned `Sharing`s (`find_sharing` makes them again as needed)."""
+    _INTERNED.clear()
+
+
 def _is_leaf(treedef: PyTreeDef) -> bool:
     return treedef.num_nodes == 1 and treedef.num_leaves == 1
 

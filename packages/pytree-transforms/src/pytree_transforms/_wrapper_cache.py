@@ -70,6 +70,12 @@ class WrapperCache:
                 self._recent.popitem(last=False)
         return wrapper
 
+    def clear(self) -> None:
+        """Forget every wrapper; wrappers already handed out keep working."""
+        with self._lock:
+            self._live.clear()
+            self._recent.clear()
+
 
 # function -> {options key -> cache}. Weak in the function: its entries go when it does.
 _SHARED: weakref.WeakKeyDictionary[Callable[..., Any], dict[Any, Any]] = weakref.WeakKeyDictionary()
@@ -109,6 +115,11 @@ def shared_cache(fun: Callable[..., Any], options: Any, make: Callable[[], Any])
     if cache is None:
         cache = per_options[key] = make()
     return cache
+
+
+def clear_shared() -> None:
+    """Forget every shared cache (see `shared_cache`)."""
+    _SHARED.clear()
 
 
 class FunctionRef:

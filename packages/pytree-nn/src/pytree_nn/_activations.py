@@ -1,0 +1,85 @@
+"""Activation layers with parameters: `PReLU`."""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from pytree_graph import Param
+
+from ._checks import check_features, check_input
+from ._dtypes import promote_dtype
+from ._module import Module
+
+
+class PReLU(Module):
+    """A leaky ReLU with a learnt slope: `where(x >= 0, x, negative_slope * x)`.
+
+    The slope is a `Param` named `negative_slope`. By default it is a scalar shared by
+    every element (as in Equinox); with `num_parameters=n` it holds one slope per
+    channel, of shape `(n,)`, over the last (channels) axis of inputs of shape
+    `(..., n)`.
+
+    Arguments:
+        init_alpha: the initial slope: a number, or (without `num_parameters`) an array
+            whose shape broadcasts to the inputs' shape, e.g. `(channels,)`. Named as in
+            Equinox's `PReLU(init_alpha=0.25)`.
+        num_parameters: None (the slope has the shape of `init_alpha`), or the number of
+            channels, for one slope per channel, each starting at `init_alpha`.
+        dtype: the dtype to compute in (None: promote the input's and the slope's).
+        param_dtype: the dtype of the slope.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn import PReLU
+        >>> PReLU()(jnp.array([-2.0, 3.0])).tolist()
+        [-0.5, 3.0]
+        >>> layer = PReLU(0.1, num_parameters=2)
+        >>> layer.negative_slope.value.shape, layer(-jnp.ones((5, 2))).shape
+        ((2,), (5, 2))
+    """
+
+    def __init__(
+        self,
+        init_alpha: Any = 0.25,
+        num_parameters: int | None = None,
+        *,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+    ):
+        if num_parameters is None:
+            slope = jnp.asarray(init_alpha, param_dtype)
+        else:
+            check_features("PReLU", num_parameters=num_parameters)
+            if jnp.ndim(init_alpha) != 0:
+                raise ValueError(
+                    f"PReLU: with num_parameters={num_parameters}, init_alpha must be a "
+                    f"number (each channel's first slope), got an array of shape "
+                    f"{jnp.shape(init_alpha)}. Pass the array without num_parameters."
+                )
+            slope = jnp.full((num_parameters,), init_alpha, param_dtype)
+        self.negative_slope = Param(slope)
+        self.num_parameters = num_parameters
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Apply the activation to `x`; the output has the shape of `x`."""
+        if self.num_parameters is not None:
+            check_input("PReLU", x, -1, self.num_parameters, "num_parameters")
+        slope = self.negative_slope.value
+        shape = jnp.shape(x)
+        # A slope that would broadcast the input to a larger shape is a mistake in the
+        # slope's shape, not a request for more outputs.
+        try:
+            fits = jnp.broadcast_shapes(shape, slope.shape) == shape
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(
+                f"PReLU: the slope of shape {slope.shape} does not broadcast to the input "
+                f"of shape {shape}; give init_alpha a shape that does, e.g. "
+                f"(channels,) = {shape[-1:]}."
+            )
+        x, slope = promote_dtype(x, slope, dtype=self.dtype)
+        return jnp.where(x >= 0, x, slope * x)
