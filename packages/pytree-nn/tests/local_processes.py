@@ -42,6 +42,11 @@ def _exit_on_error(kind, error, trace):
 
 
 sys.excepthook = _exit_on_error
+# What the script prints keeps stdout to itself: the C++ libraries' own output (the
+# collectives library announces each connection, in pieces that would interleave with the
+# script's lines) goes to stderr instead.
+sys.stdout = os.fdopen(os.dup(1), "w", buffering=1)
+os.dup2(2, 1)
 # The collectives between processes on CPU; within one process, unused.
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 if int(os.environ["PYTREE_TEST_PROCESSES"]) > 1:
@@ -53,9 +58,9 @@ if int(os.environ["PYTREE_TEST_PROCESSES"]) > 1:
 # The test's script.
 """
 
-# Set for the test run (hatch.toml); a child gets its own device count and no pytest options.
 # Shared with tests/test_example_sharding.py, whose two-process run takes it as well.
 LOCK_FILE = os.path.join(tempfile.gettempdir(), "pytree-tests-jax-distributed.lock")
+# Set for the test run (hatch.toml); a child gets its own device count and no pytest options.
 _NOT_INHERITED = ("XLA_FLAGS", "PYTEST_ADDOPTS")
 _POLL_SECONDS = 0.1
 _SHOWN_CHARACTERS = 20_000  # of each process's stdout and stderr in a failure's message
@@ -101,8 +106,9 @@ def run_processes(
         env: environment variables to set (or override) in every process.
 
     Returns:
-        Each process's stdout, in process-id order, without the lines the collectives
-        library prints ("[Gloo] Rank 0 is connected ...").
+        What each process's script printed, in process-id order (the libraries' own
+        C-level output, such as the collectives library's "[Gloo] Rank 0 is connected ...",
+        goes to stderr).
 
     Raises:
         AssertionError: a process exited with a nonzero status, or not all had finished
@@ -189,12 +195,6 @@ def _run_group(
     return [stdout for stdout, _ in texts]
 
 
-# What the collectives library prints on stdout when processes connect: "[Gloo] Rank 0 is
-# connected to 1 peer ranks. Expected number of connected peer ranks is : 1", at times cut in
-# two lines by the process's own output.
-_GLOO_LINES = ("[Gloo]", "Expected number of connected peer ranks")
-
-
 @contextlib.contextmanager
 def one_group_at_a_time() -> Iterator[None]:
     """Hold a lock that every group of `jax.distributed` processes the tests start takes
@@ -212,11 +212,8 @@ def one_group_at_a_time() -> Iterator[None]:
 
 
 def _read(path: pathlib.Path) -> str:
-    """A process's output, without the collectives library's lines."""
-    text = path.read_text(errors="replace")
-    return "".join(
-        line for line in text.splitlines(keepends=True) if not line.startswith(_GLOO_LINES)
-    )
+    """A process's output (stdout holds only the script's: see PRELUDE)."""
+    return path.read_text(errors="replace")
 
 
 def _tail(text: str) -> str:
