@@ -203,3 +203,99 @@ def test_errors():
     identity.defvjp(lambda x: (x, None), lambda r, g, x: {"w": g["w"][:1], "n": None})
     with pytest.raises(ValueError, match=r"at \['w'\] of `vjp_arg`, where an array of shape"):
         jax.grad(lambda w: jnp.sum(identity({"w": w, "n": 1})["w"]))(jnp.ones(2))
+
+
+# The current form: `def_fwd`/`def_bwd`, whose rules take `perturbed`.
+@filter_custom_vjp
+def weighted(vjp_arg, scale):
+    a, b, _, k = vjp_arg
+    return {"y": a * scale, "z": b * 2, "k": k, "label": "weighted"}
+
+
+SEEN = {}
+
+
+@weighted.def_fwd
+def weighted_fwd(perturbed, vjp_arg, scale):
+    SEEN["perturbed"] = perturbed
+    return weighted(vjp_arg, scale), {"a": vjp_arg[0], "note": "saved"}
+
+
+@weighted.def_bwd
+def weighted_bwd(residuals, grad_obj, perturbed, vjp_arg, scale):
+    SEEN["grad_obj"] = grad_obj
+    assert residuals["note"] == "saved" and perturbed == SEEN["perturbed"]
+    grad_a = grad_obj["y"] * scale if perturbed[0] and grad_obj["y"] is not None else None
+    grad_b = 2 * grad_obj["z"] if perturbed[1] and grad_obj["z"] is not None else None
+    return grad_a, grad_b, None, None
+
+
+def weighted_loss(a, b, outputs=("y",)):
+    out = weighted((a, b, 3, jnp.array(1)), 5.0)
+    return sum(jnp.sum(out[name]) for name in outputs)
+
+
+def test_def_fwd_and_def_bwd_are_decorators_returning_the_rule():
+    assert callable(weighted_fwd) and weighted_fwd.__name__ == "weighted_fwd"
+    assert weighted_bwd.__name__ == "weighted_bwd"
+    out = weighted((jnp.ones(2), jnp.ones(2), 3, jnp.array(1)), 5.0)
+    assert out["label"] == "weighted" and out["y"].tolist() == [5.0, 5.0]
+
+
+def test_perturbed_marks_the_differentiated_arrays_only():
+    grad_a = jax.grad(weighted_loss)(jnp.ones(2), jnp.ones(2))
+    # `b` is a floating-point array that is not differentiated; 3 and the integer array
+    # are never differentiable.
+    assert SEEN["perturbed"] == (True, False, False, False)
+    assert grad_a.tolist() == [5.0, 5.0]
+    grads = jax.grad(weighted_loss, argnums=(0, 1))(jnp.ones(2), jnp.ones(2))
+    assert SEEN["perturbed"] == (True, True, False, False)
+    # `z` does not reach the loss: its cotangent is None, so `b` gets zero.
+    assert SEEN["grad_obj"]["z"] is None and SEEN["grad_obj"]["k"] is None
+    assert grads[1].tolist() == [0.0, 0.0]
+    grads = jax.grad(weighted_loss, argnums=(0, 1))(jnp.ones(2), jnp.ones(2), ("y", "z"))
+    assert grads[1].tolist() == [2.0, 2.0]
+    assert jax.jit(jax.grad(weighted_loss))(jnp.ones(2), jnp.ones(2)).tolist() == [5.0, 5.0]
+
+
+def test_defvjp_gets_zero_arrays_where_def_bwd_gets_none():
+    seen = []
+
+    @filter_custom_vjp
+    def pair(x):
+        return x * 2, x * 3
+
+    pair.defvjp(lambda x: (pair(x), None), lambda r, g, x: seen.append(g) or g[0] * 2 + g[1] * 3)
+    assert jax.grad(lambda x: pair(x)[0])(1.0) == 2.0
+    assert seen[0][1].shape == () and seen[0][1] == 0.0  # an array of zeros, as before
+
+
+def test_mixing_the_two_forms_and_missing_halves_are_refused():
+    @filter_custom_vjp
+    def identity(x):
+        return x
+
+    with pytest.raises(TypeError, match=r"called before both passes are set\. Set "):
+        identity(1.0)
+    identity.def_fwd(lambda perturbed, x: (x, None))
+    with pytest.raises(TypeError, match=r"Set `identity\.def_bwd\(identity_bwd\)` first"):
+        identity(1.0)
+    with pytest.raises(TypeError, match=r"identity\.defvjp: identity already has a rule set"):
+        identity.defvjp(lambda x: (x, None), lambda r, g, x: g)
+    with pytest.raises(TypeError, match=r"expects the backward pass as `fn_bwd`"):
+        identity.def_bwd("identity_bwd")
+    with pytest.raises(TypeError, match=r"`fn\.def_fwd\(f\)`, not `fn\.def_fwd\(f\(x\)\)`"):
+        identity.def_fwd(None)
+    identity.def_bwd(lambda r, g, perturbed, x: g)
+    assert jax.grad(identity)(1.0) == 1.0
+
+    @filter_custom_vjp
+    def other(x):
+        return x
+
+    other.defvjp(lambda x: (x, None), lambda r, g, x: g)
+    with pytest.raises(TypeError, match=r"other\.def_fwd: other already has a rule set with"):
+        other.def_fwd(lambda perturbed, x: (x, None))
+    with pytest.raises(TypeError, match=r"other\.def_bwd: .* `defvjp`"):
+        other.def_bwd(lambda r, g, perturbed, x: g)
+    assert jax.grad(other)(2.0) == 1.0

@@ -115,3 +115,95 @@ def test_errors():
         ValueError, match=r"args\[0\] is an array of shape \(\), which has no axis 0"
     ):
         filter_pmap(lambda x: x)(jnp.array(1.0))
+
+
+def test_in_axes_by_parameter_name():
+    f = filter_pmap(lambda x, y: x * y, in_axes=dict(y=None))
+    out = f(jnp.ones((N, 2)), jnp.array([2.0, 3.0]))
+    assert out.shape == (N, 2) and out[0].tolist() == [2.0, 3.0]
+    assert f(y=jnp.array([2.0, 3.0]), x=jnp.ones((N, 2))).shape == (N, 2)
+    with pytest.raises(ValueError, match=r"names 'z', which is not a parameter of <lambda>\(x\)"):
+        filter_pmap(lambda x: x, in_axes=dict(z=None))
+
+
+def on_devices(*shape):
+    """Arrays split across the devices already, as the outputs of a `filter_pmap` are:
+    `jax.pmap` can reuse their buffers."""
+    return filter_pmap(lambda x: x)(jnp.ones((N, *shape)))
+
+
+# The calls after the first warn again, of the buffers of `grads`.
+@pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+def test_donated_buffers_are_deleted():
+    @filter_pmap(donate="all")
+    def step(state, grads, name):
+        return jax.tree.map(lambda s, g: s - g, state, grads), name
+
+    state, grads = {"w": on_devices(3), "b": on_devices()}, {"w": on_devices(3), "b": on_devices()}
+    # Two outputs reuse two of the four donated buffers; JAX warns of the others.
+    with pytest.warns(UserWarning, match="Some donated buffers were not usable"):
+        new_state, name = step(state, grads, "step")
+    assert name == "step" and new_state["w"].tolist() == [[0.0] * 3] * N
+    assert state["w"].is_deleted() and state["b"].is_deleted()
+    assert not grads["w"].is_deleted()
+    # An array not yet on the devices is copied there first: it stays as it was.
+    host = jnp.ones((N, 3))
+    step({"w": host, "b": on_devices()}, {"w": on_devices(3), "b": on_devices()}, "step")
+    assert not host.is_deleted()
+
+
+def test_donating_all_but_the_first_argument():
+    for donate in ("all-except-first", "warn-except-first"):
+        f = filter_pmap(lambda x, y: x + y, donate=donate)
+        x, y = on_devices(2), on_devices(2)
+        assert f(x, y).tolist() == [[2.0, 2.0]] * N
+        assert not x.is_deleted() and y.is_deleted()
+    x, y = on_devices(2), on_devices(2)
+    filter_pmap(lambda x, y: x + y, donate="none")(x, y)
+    assert not x.is_deleted() and not y.is_deleted()
+
+
+def test_donating_an_array_passed_twice():
+    # XLA refuses a buffer donated at two places: it is passed, and donated, once.
+    f = filter_pmap(lambda x, y: x * y, donate="all")
+    x = on_devices(2)
+    assert f(x, x).tolist() == [[1.0, 1.0]] * N and x.is_deleted()
+    # Kept at one place (the first argument), it is kept at both.
+    g = filter_pmap(lambda x, y: x * y, donate="all-except-first")
+    x = on_devices(2)
+    assert g(x, x).tolist() == [[1.0, 1.0]] * N and not x.is_deleted()
+    square = on_devices(N)
+    with pytest.raises(ValueError, match=r"different axes \(0 and 1, at the leaf at args\[1\]\)"):
+        filter_pmap(lambda x, y: x, in_axes=(0, 1), donate="all")(square, square)
+
+
+def test_lower_and_compile():
+    traces = []
+
+    @filter_pmap(donate="all")
+    def f(x, scale):
+        traces.append(1)
+        return x * scale, "scaled"
+
+    lowered = f.lower(on_devices(2), 3)
+    assert "multiply" in lowered.as_text()
+    assert isinstance(lowered.lowered, jax.stages.Lowered)
+    compiled = lowered.compile()
+    x = on_devices(2)
+    out, label = compiled(x, 3)
+    assert label == "scaled" and out.tolist() == [[3.0, 3.0]] * N and x.is_deleted()
+    assert len(traces) == 1
+    with pytest.raises(ValueError, match="lowered for arguments of another structure"):
+        compiled(on_devices(2), 4)
+    with pytest.raises(TypeError):
+        compiled(on_devices(5), 3)  # another shape: refused by JAX
+    # Without donation, and with `axis_size` (no mapped input).
+    lowered = filter_pmap(lambda x: x * 2, in_axes=None, axis_size=1).lower(jnp.ones(2))
+    assert lowered.compile()(jnp.ones(2)).tolist() == [[2.0, 2.0]]
+
+
+def test_donate_errors():
+    with pytest.raises(ValueError, match=r"filter_pmap\(donate=\.\.\.\) must be one of 'none'"):
+        filter_pmap(lambda x: x, donate="arrays")
+    with pytest.raises(TypeError, match="filter_pmap takes no donate_argnums"):
+        filter_pmap(lambda x: x, donate_argnums=(0,))

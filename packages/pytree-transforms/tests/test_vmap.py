@@ -117,3 +117,74 @@ def test_errors():
         filter_vmap(lambda x: x, in_axes=0, args=(0,))
     with pytest.raises(TypeError, match="expects a function"):
         filter_vmap(3)
+
+
+def test_in_axes_by_parameter_name():
+    @filter_vmap(in_axes=dict(x=1, scale=None))
+    def f(x, y, scale=1.0, *, offset=0):
+        return x * scale + y + offset
+
+    x, y = jnp.array([[1.0, 2.0]]), jnp.array([10.0, 20.0])
+    # y gets the default, if_array(0); x is mapped down axis 1, by position or keyword.
+    assert f(x, y).tolist() == [[11.0], [22.0]]
+    assert f(y=y, x=x, scale=jnp.array(2.0)).tolist() == [[12.0], [24.0]]
+    assert f(x, y, jnp.array(2.0), offset=jnp.array([1.0, 2.0])).tolist() == [[13.0], [26.0]]
+    # A parameter left to its default is no input: it is used as it is.
+    scaled = filter_vmap(lambda x, s=3.0: x * s, in_axes=dict(s=None))
+    assert scaled(jnp.ones(2)).tolist() == [3.0, 3.0]
+    # Names combine with `default=` for every other argument.
+    g = filter_vmap(lambda x, y: x + y, in_axes=dict(x=0), default=None)
+    assert g(jnp.arange(3), jnp.array(10)).tolist() == [10, 11, 12]
+    # Keyword-only parameters can be named.
+    h = filter_vmap(lambda x, *, k: x * k, in_axes=dict(x=None, k=0))
+    assert h(jnp.array(2), k=jnp.arange(3)).tolist() == [0, 2, 4]
+
+
+def test_in_axes_by_name_on_a_method_and_a_module():
+    class Scaler(Module):
+        factor: jax.Array
+
+        @filter_vmap(in_axes=dict(self=None, x=0))
+        def scale(self, x):
+            return self.factor * x
+
+        def __call__(self, x, y):
+            return self.factor * x + y
+
+    scaler = Scaler(jnp.array([1.0, 2.0]))
+    # `self` is the method's first parameter; its array is not mapped.
+    assert scaler.scale(jnp.arange(3.0)).tolist() == [[0.0, 0.0], [1.0, 2.0], [2.0, 4.0]]
+    # A callable Module is named by its `__call__`'s parameters (and is itself not mapped).
+    mapped = filter_vmap(scaler, in_axes=dict(y=None))
+    assert mapped(jnp.arange(2.0), jnp.array(1.0)).tolist() == [[1.0, 1.0], [2.0, 3.0]]
+
+
+def test_in_axes_by_name_errors():
+    with pytest.raises(ValueError, match=r"names 'z', which is not a parameter of f\(x, y\)"):
+
+        @filter_vmap(in_axes=dict(z=0))
+        def f(x, y):
+            return x
+
+    def only_kwargs(**options):
+        return options
+
+    with pytest.raises(
+        ValueError,
+        match=r"'x', which is not a parameter of only_kwargs\(\*\*options\)\. Its named "
+        r"parameters: none\. Keyword arguments caught by `\*\*kwargs` take theirs by name, "
+        r"from `kwargs=dict\(\.\.\.\)`",
+    ):
+        filter_vmap(only_kwargs, in_axes=dict(x=0))
+
+    def star(x, *rest):
+        return x
+
+    with pytest.raises(ValueError, match=r"names 'rest', the `\*rest` of star\(x, \*rest\)"):
+        filter_vmap(star, in_axes=dict(rest=0))
+    with pytest.raises(ValueError, match=r"has the key 0, which is not a parameter name"):
+        filter_vmap(lambda x: x, in_axes={0: 0})
+    with pytest.raises(TypeError, match=r"the signature of max cannot be read"):
+        filter_vmap(max, in_axes=dict(x=0))
+    with pytest.raises(TypeError, match=r"either a dict `in_axes=` or `args=`/`kwargs=`"):
+        filter_vmap(lambda x: x, in_axes=dict(x=0), kwargs=dict(x=1))

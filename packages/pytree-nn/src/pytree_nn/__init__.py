@@ -47,4 +47,7 @@ from ._rngs import RngCount as RngCount
 from ._rngs import RngKey as RngKey
 from ._rngs import Rngs as Rngs
 from ._rngs import RngStream as RngStream
+from ._rotary import RotaryPositionalEmbedding as RotaryPositionalEmbedding
 from ._summary import tabulate as tabulate
+from ._weight_norms import SpectralNorm as SpectralNorm
+from ._weight_norms import WeightNorm as WeightNorm

@@ -19,6 +19,7 @@ from ._flat_draws import flat_when_eager
 from ._linear import default_kernel_init, sharded_param
 from ._module import Module
 from ._rngs import as_rngs, forked_rngs
+from ._rotary import RotaryPositionalEmbedding
 
 
 def _check_extra_batch_dims(where: str, extra_batch_dims: Any) -> None:
@@ -179,13 +180,17 @@ def _check_qkv(query: jax.Array, key: jax.Array, value: jax.Array) -> None:
         )
 
 
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether an array of `shape` broadcasts to `target` without changing it."""
+    try:
+        return np.broadcast_shapes(shape, target) == target
+    except ValueError:
+        return False
+
+
 def _check_broadcasts(name: str, array: Any, target: tuple[int, ...]) -> None:
     shape = jnp.shape(array)
-    try:
-        fits = np.broadcast_shapes(shape, target) == target
-    except ValueError:
-        fits = False
-    if not fits:
+    if not _broadcasts_to(shape, target):
         raise ValueError(
             f"dot_product_attention: {name} of shape {shape} does not broadcast to the "
             f"attention weights' shape {target} (batch..., num_heads, q_length, "
@@ -282,6 +287,19 @@ def dot_product_attention(
         weights = drop(dropout_rng, weights, dropout_rate, broadcast_dims)
 
     return jnp.einsum("...hqk,...khd->...qhd", weights, value, precision=precision)
+
+
+def _check_positions(name: str, positions: Any, target: tuple[int, ...]) -> None:
+    """Refuse `MultiHeadAttention` positions that do not broadcast to `target`, naming them."""
+    if positions is None:
+        return
+    shape = jnp.shape(positions)
+    if not _broadcasts_to(shape, target):
+        raise ValueError(
+            f"MultiHeadAttention: {name} of shape {shape} does not broadcast to "
+            f"(batch..., length) = {target}; give one position per input position, e.g. "
+            f"shape ({target[-1]},)."
+        )
 
 
 class HeadProjection(Module):
@@ -409,6 +427,17 @@ class MultiHeadAttention(Module):
     back. Feeding more positions than the cache holds raises an error, or, inside a
     transform where the position is not known, gives NaN outputs.
 
+    Rotary position embeddings: with `rotary=RotaryPositionalEmbedding(head_dim)` the
+    projected queries and keys of every head are rotated by their positions before
+    attention, so that the logits depend on relative positions only. The positions
+    default to `0, 1, ...` along the length axis, and in decode mode to
+    `cache_index + 0, 1, ...` (the cache then holds rotated keys); `positions=` and
+    `kv_positions=` on the call set them, e.g. for packed or left-padded sequences. The
+    embedding is a layer of the attention, rather than a `process_heads` function
+    passed to each call as in Equinox, so that decoding, which alone knows the cache
+    index, rotates the new positions correctly, and so that a model built once applies it
+    on every call.
+
     Flax NNX's `num_kv_heads` (grouped-query attention) and `normalize_qk` (layer-normed
     queries and keys) are not offered; a custom `attention_fn` can implement the latter.
 
@@ -435,6 +464,10 @@ class MultiHeadAttention(Module):
             dropout_rate=, broadcast_dropout=, deterministic=, dtype=, precision=)` on the
             projected `(batch..., length, num_heads, head_dim)` arrays.
         decode: start in decode mode (see above; `init_cache` first).
+        rotary: a `RotaryPositionalEmbedding` of size `head_dim` (see above), or None for
+            no position information in the layer. Any Module called as
+            `rotary(heads, positions)` on arrays `(batch..., num_heads, length, head_dim)`
+            is accepted too (e.g. a variant that rotates part of each head).
         qkv_kernel_sharding: the mesh axes of the `query`, `key` and `value` kernels
             `(in_features, num_heads, head_dim)`, e.g. `(None, "model", None)` to split
             the heads (tensor parallelism); stored as their `sharding` metadata.
@@ -454,6 +487,10 @@ class MultiHeadAttention(Module):
         (3, 5, 8)
         >>> att.query.kernel.value.shape, att.out.kernel.value.shape
         ((8, 2, 4), (2, 4, 8))
+        >>> from pytree_nn import RotaryPositionalEmbedding
+        >>> rope = MultiHeadAttention(2, 8, rotary=RotaryPositionalEmbedding(4), rngs=0)
+        >>> rope(x, positions=jnp.arange(10, 15)).shape
+        (3, 5, 8)
     """
 
     def __init__(
@@ -476,6 +513,7 @@ class MultiHeadAttention(Module):
         use_bias: bool = True,
         attention_fn: Callable[..., jax.Array] = dot_product_attention,
         decode: bool = False,
+        rotary: Module | None = None,
         qkv_kernel_sharding: Sequence[Any] | None = None,
         qkv_bias_sharding: Sequence[Any] | None = None,
         out_kernel_sharding: Sequence[Any] | None = None,
@@ -514,6 +552,19 @@ class MultiHeadAttention(Module):
                 "MultiHeadAttention: attention_fn must be a function such as "
                 f"dot_product_attention, got {type(attention_fn).__name__}."
             )
+        head_dim = qkv_features // num_heads
+        if isinstance(rotary, RotaryPositionalEmbedding) and rotary.embedding_size != head_dim:
+            raise ValueError(
+                "MultiHeadAttention: rotary rotates each head, so its embedding_size must be "
+                f"head_dim = qkv_features // num_heads = {head_dim}, got "
+                f"embedding_size={rotary.embedding_size}. Pass "
+                f"rotary=RotaryPositionalEmbedding({head_dim})."
+            )
+        if rotary is not None and not callable(rotary):
+            raise TypeError(
+                "MultiHeadAttention: rotary must be a RotaryPositionalEmbedding (or None), "
+                f"got {type(rotary).__name__}."
+            )
         shardings = {
             name: check_sharding("MultiHeadAttention", name, value, ndim)
             for name, value, ndim in (
@@ -524,7 +575,6 @@ class MultiHeadAttention(Module):
             )
         }
         rngs = as_rngs(rngs, "MultiHeadAttention")
-        head_dim = qkv_features // num_heads
 
         def projection(
             in_shape: tuple[int, ...], out_shape: tuple[int, ...], init: Any, of: str
@@ -563,6 +613,7 @@ class MultiHeadAttention(Module):
         self.use_bias = use_bias
         self.attention_fn = attention_fn
         self.decode = decode
+        self.rotary = rotary
         self.rngs = data(
             forked_rngs(rngs, "dropout", "MultiHeadAttention") if dropout_rate > 0 else None
         )
@@ -580,6 +631,8 @@ class MultiHeadAttention(Module):
         deterministic: bool | None = None,
         rngs: Any = None,
         decode: bool | None = None,
+        positions: Any = None,
+        kv_positions: Any = None,
     ) -> jax.Array:
         """Attend from `inputs_q` to `inputs_k`/`inputs_v` (by default: to itself).
 
@@ -595,6 +648,12 @@ class MultiHeadAttention(Module):
             rngs: dropout keys for this call (an `Rngs`, `RngStream`, key or seed)
                 instead of the layer's own stream.
             decode: override the layer's `decode` for this call.
+            positions: with `rotary`, the positions of the queries, broadcastable to
+                `(batch..., q_length)` (default `0, 1, ...`; in decode mode
+                `cache_index + 0, 1, ...`).
+            kv_positions: with `rotary`, the positions of the keys, broadcastable to
+                `(batch..., kv_length)` (default: `positions` when given, else as for
+                `positions`); needed only when the keys are another sequence.
 
         Returns:
             `(batch..., q_length, out_features)`.
@@ -613,8 +672,17 @@ class MultiHeadAttention(Module):
         key = self.key(inputs_k)
         value = self.value(inputs_v)
 
+        decoding = self.decode if decode is None else decode
+        if self.rotary is not None:
+            query, key = self._rotate(query, key, positions, kv_positions, decoding)
+        elif positions is not None or kv_positions is not None:
+            raise ValueError(
+                "MultiHeadAttention: positions and kv_positions are used by rotary position "
+                "embeddings only, and this layer has none. Build it with "
+                f"rotary=RotaryPositionalEmbedding({self.head_dim}), or leave them out."
+            )
         overflow = None
-        if self.decode if decode is None else decode:
+        if decoding:
             key, value, mask, overflow = self._write_cache(query, key, value, mask)
 
         if deterministic is None:
@@ -648,6 +716,42 @@ class MultiHeadAttention(Module):
         if overflow is not None:
             out = jnp.where(overflow, jnp.asarray(jnp.nan, out.dtype), out)
         return out
+
+    def _rotate(
+        self,
+        query: jax.Array,
+        key: jax.Array,
+        positions: Any,
+        kv_positions: Any,
+        decoding: bool,
+    ) -> tuple[jax.Array, jax.Array]:
+        """Apply `rotary` to the queries and keys, at their positions."""
+        batch = query.shape[:-3]
+        q_length, kv_length = query.shape[-3], key.shape[-3]
+        if kv_positions is None and positions is not None:
+            if kv_length != q_length:
+                raise ValueError(
+                    f"MultiHeadAttention: the keys have another length ({kv_length}) than "
+                    f"the queries ({q_length}), so they cannot take the queries' "
+                    "positions; pass kv_positions= as well."
+                )
+            kv_positions = positions
+        if positions is None and decoding:
+            self._check_cache()
+            positions = self.cache_index.value + jnp.arange(q_length, dtype=jnp.int32)
+        if kv_positions is None and decoding:
+            kv_positions = positions
+        _check_positions("positions", positions, (*batch, q_length))
+        _check_positions("kv_positions", kv_positions, (*batch, kv_length))
+        return self._rotate_heads(query, positions), self._rotate_heads(key, kv_positions)
+
+    def _rotate_heads(self, heads: jax.Array, positions: Any) -> jax.Array:
+        """`rotary` on `(batch..., length, num_heads, head_dim)` heads, each head alike."""
+        if positions is not None and jnp.ndim(positions) >= 2:
+            # (batch..., length) positions broadcast over the heads axis moved before length.
+            positions = jnp.expand_dims(positions, -2)
+        rotated = self.rotary(jnp.swapaxes(heads, -3, -2), positions)
+        return jnp.swapaxes(rotated, -3, -2)
 
     def _check_inputs(self, inputs_q: Any, inputs_k: Any, inputs_v: Any) -> None:
         """Refuse inputs whose shapes do not fit the layer or each other, naming which."""
@@ -724,16 +828,20 @@ class MultiHeadAttention(Module):
         self.cached_value = Cache(jnp.zeros(cache_shape, dtype))
         self.cache_index = Cache(jnp.array(0, jnp.int32))
 
-    def _write_cache(
-        self, query: jax.Array, key: jax.Array, value: jax.Array, mask: Any
-    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
-        """Write the new positions into the cache; the cached keys, values and mask."""
+    def _check_cache(self) -> None:
+        """Refuse to decode without a cache, saying how to make one."""
         if self.cached_key is None or self.cached_value is None or self.cache_index is None:
             raise ValueError(
                 "MultiHeadAttention: decode mode needs a cache. Call "
                 "att.init_cache(input_shape) first, with input_shape = (batch..., "
                 "max_length, features)."
             )
+
+    def _write_cache(
+        self, query: jax.Array, key: jax.Array, value: jax.Array, mask: Any
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
+        """Write the new positions into the cache; the cached keys, values and mask."""
+        self._check_cache()
         cached_key = self.cached_key.value
         *batch, max_length, _, _ = cached_key.shape
         if key.shape[:-3] != tuple(batch):

@@ -16,6 +16,7 @@ from ._dtypes import promote_dtype
 from ._flat_draws import flat_when_eager
 from ._module import Module
 from ._rngs import as_rngs
+from ._stacked import stack_layers
 
 default_kernel_init = initializers.lecun_normal()
 
@@ -140,6 +141,18 @@ def _identity(x: Any) -> Any:
 class MLP(Module):
     """A multi-layer perceptron, as Equinox's: `depth` hidden layers of `width_size`.
 
+    With `scan=True` (and `depth >= 1`), the `depth - 1` hidden layers of shape
+    `width_size -> width_size` are held as one stacked `Linear`, whose `kernel` and `bias`
+    have a leading layer axis, and run with `jax.lax.scan`: the traced program (and so
+    the compile time) stays the same size for any depth. `layers` is then always
+    `(first, stacked, last)`, as in Equinox: `layers[1].kernel.value` has shape
+    `(depth - 1, width_size, width_size)` (length 0 for `depth=1`, where the scan runs no
+    step). With `depth=0` (a single `Linear`) there is nothing to stack, and `scan` changes
+    nothing. The layers draw their keys in the same order either way, so for the same
+    `rngs` the parameters, outputs and gradients are those of `scan=False`, stacked.
+    Call the stacked layer through the MLP (or `jax.lax.scan`): called on its own, it
+    would multiply by every layer's kernel at once.
+
     Arguments:
         in_size: size of the input's last axis (0 allowed, see `Linear`).
         out_size: size of the output's last axis.
@@ -151,9 +164,12 @@ class MLP(Module):
         use_final_bias: whether the last layer has one.
         dtype: the dtype to compute in (None: promote).
         param_dtype: the dtype of the parameters.
+        scan: hold the `width_size -> width_size` layers stacked, and run them with
+            `jax.lax.scan` (see above).
         kernel_sharding: how to split every layer's kernel over a device mesh, one entry
             per dimension (see `Linear`), e.g. `("data", None)` to shard each kernel's
-            rows (fully sharded data parallel).
+            rows (fully sharded data parallel). The stacked kernel of `scan=True` gets
+            None for its layer axis: `(None, "data", None)`.
         bias_sharding: the same for every bias.
         rngs: an `Rngs`, a PRNG key or an int seed.
 
@@ -163,6 +179,11 @@ class MLP(Module):
         >>> mlp = MLP(2, 1, width_size=8, depth=2, rngs=0)
         >>> len(mlp.layers), mlp(jnp.ones((5, 2))).shape
         (3, (5, 1))
+        >>> deep = MLP(2, 1, width_size=8, depth=50, scan=True, rngs=0)
+        >>> len(deep.layers), deep.layers[1].kernel.value.shape
+        (3, (49, 8, 8))
+        >>> deep(jnp.ones((5, 2))).shape
+        (5, 1)
     """
 
     def __init__(
@@ -178,6 +199,7 @@ class MLP(Module):
         dtype: Any = None,
         param_dtype: Any = jnp.float32,
         *,
+        scan: bool = False,
         kernel_sharding: Any = None,
         bias_sharding: Any = None,
         rngs: Any = None,
@@ -189,31 +211,54 @@ class MLP(Module):
         # Checked before the first layer draws a key.
         kernel_sharding = check_sharding("MLP", "kernel_sharding", kernel_sharding, 2)
         bias_sharding = check_sharding("MLP", "bias_sharding", bias_sharding, 1)
+        if not isinstance(scan, bool):
+            raise TypeError(f"MLP: scan must be True or False, got {scan!r}.")
         rngs = as_rngs(rngs, "MLP")
-        sizes = [in_size] + [width_size] * depth + [out_size]
-        last = len(sizes) - 2
-        self.layers = tuple(
-            Linear(
+
+        def linear(din: int, dout: int, bias: bool, rngs: Any) -> Linear:
+            return Linear(
                 din,
                 dout,
-                use_bias=use_final_bias if i == last else use_bias,
+                use_bias=bias,
                 dtype=dtype,
                 param_dtype=param_dtype,
                 kernel_sharding=kernel_sharding,
                 bias_sharding=bias_sharding,
                 rngs=rngs,
             )
-            for i, (din, dout) in enumerate(itertools.pairwise(sizes))
-        )
+
+        if scan and depth >= 1:
+            # Built in the order of the unstacked layers, so they draw the same keys.
+            first = linear(in_size, width_size, use_bias, rngs)
+            stacked = stack_layers(
+                lambda rngs: linear(width_size, width_size, use_bias, rngs), depth - 1, rngs
+            )
+            self.layers = (first, stacked, linear(width_size, out_size, use_final_bias, rngs))
+        else:
+            sizes = [in_size] + [width_size] * depth + [out_size]
+            last = len(sizes) - 2
+            self.layers = tuple(
+                linear(din, dout, use_final_bias if i == last else use_bias, rngs)
+                for i, (din, dout) in enumerate(itertools.pairwise(sizes))
+            )
         self.activation = activation
         self.final_activation = final_activation
         self.in_size = in_size
         self.out_size = out_size
         self.width_size = width_size
         self.depth = depth
+        self.scan = scan
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Apply the network to `x`, of shape `(..., in_size)`."""
+        if self.scan and self.depth >= 1:
+            first, stacked, last = self.layers
+
+            def hidden(x: jax.Array, layer: Linear) -> tuple[jax.Array, None]:
+                return self.activation(layer(x)), None
+
+            x, _ = jax.lax.scan(hidden, self.activation(first(x)), stacked)
+            return self.final_activation(last(x))
         for layer in self.layers[:-1]:
             x = self.activation(layer(x))
         return self.final_activation(self.layers[-1](x))

@@ -16,12 +16,17 @@ from ._checkpoint import filter_checkpoint as filter_checkpoint
 from ._closure import filter_closure_convert as filter_closure_convert
 from ._custom_jvp import filter_custom_jvp as filter_custom_jvp
 from ._custom_vjp import filter_custom_vjp as filter_custom_vjp
+from ._error_if import RuntimeCheckError as RuntimeCheckError
+from ._error_if import branched_error_if as branched_error_if
+from ._error_if import error_if as error_if
 from ._jit import filter_jit as filter_jit
 from ._nondifferentiable import nondifferentiable as nondifferentiable
 from ._nondifferentiable import nondifferentiable_backward as nondifferentiable_backward
 from ._pmap import filter_pmap as filter_pmap
+from ._scan import scan as scan
 from ._shapes import filter_eval_shape as filter_eval_shape
 from ._shapes import filter_make_jaxpr as filter_make_jaxpr
 from ._shard import filter_shard as filter_shard
 from ._updates import apply_updates as apply_updates
 from ._vmap import filter_vmap as filter_vmap
+from ._while_loop import while_loop as while_loop

@@ -1,7 +1,8 @@
 """Axis specs of `filter_vmap` and `filter_pmap`: which leaves map over which axis."""
 
 import functools
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -157,10 +158,27 @@ def _where(tree: Any, index: int, output: bool) -> str:
 
 
 def merge_axis_options(
-    transform: str, in_axes: Any, out_axes: Any, default: Any, args: Any, out: Any
-) -> tuple[Any, Any, Any]:
-    """Fold the newer `in_axes=`/`out_axes=` spellings into `(default, args, out)`."""
-    if in_axes is not UNSET:
+    transform: str,
+    fun: Callable[..., Any],
+    in_axes: Any,
+    out_axes: Any,
+    default: Any,
+    args: Any,
+    kwargs: Any,
+    out: Any,
+) -> tuple[Any, Any, Any, Any]:
+    """Fold the newer `in_axes=`/`out_axes=` spellings into `(default, args, kwargs, out)`.
+
+    A dict `in_axes` names parameters: it becomes the `kwargs` specs, checked against
+    `fun`'s signature here, once, so that calls never bind a signature.
+    """
+    if isinstance(in_axes, Mapping):
+        if args or kwargs:
+            raise TypeError(
+                f"{transform}: pass either a dict `in_axes=` or `args=`/`kwargs=`, not both."
+            )
+        kwargs = _named_axes(transform, fun, in_axes)
+    elif in_axes is not UNSET:
         if args or default is not DEFAULT_AXES:
             raise TypeError(f"{transform}: pass either `in_axes=` or `args=`/`default=`, not both.")
         if isinstance(in_axes, tuple):
@@ -171,4 +189,50 @@ def merge_axis_options(
         if out is not DEFAULT_AXES:
             raise TypeError(f"{transform}: pass either `out_axes=` or `out=`, not both.")
         out = out_axes
-    return default, args, out
+    return default, args, kwargs, out
+
+
+def _named_axes(transform: str, fun: Callable[..., Any], in_axes: Mapping) -> dict[str, Any]:
+    """Check that every key of a dict `in_axes` names a parameter of `fun` (not one that
+    `*args` or `**kwargs` would catch), and return it as a dict."""
+    name = getattr(fun, "__name__", type(fun).__name__)
+    try:
+        signature = inspect.signature(fun)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{transform}(in_axes=dict(...)) maps arguments by parameter name, but the "
+            f"signature of {name} cannot be read. Give the axes by position instead: "
+            "`in_axes=(axis_of_first_argument, ...)`."
+        ) from None
+    parameters = signature.parameters
+    by_name = {p.name for p in parameters.values() if p.kind not in _VARIADIC}
+    for key in in_axes:
+        if key in by_name:
+            continue
+        where = f"{name}{signature}"
+        if not isinstance(key, str):
+            problem = f"has the key {key!r}, which is not a parameter name"
+        elif key in parameters:
+            star = "*" if parameters[key].kind is inspect.Parameter.VAR_POSITIONAL else "**"
+            problem = (
+                f"names {key!r}, the `{star}{key}` of {where}, which takes any number of "
+                "arguments: name the parameters themselves"
+            )
+        else:
+            problem = f"names {key!r}, which is not a parameter of {where}"
+        kinds = {p.kind for p in parameters.values()}
+        hint = ""
+        if inspect.Parameter.VAR_POSITIONAL in kinds:
+            hint += " Positional arguments caught by `*args` take their axes by position, "
+            hint += "from a tuple `in_axes`."
+        if inspect.Parameter.VAR_KEYWORD in kinds:
+            hint += " Keyword arguments caught by `**kwargs` take theirs by name, from "
+            hint += "`kwargs=dict(...)`."
+        named = [p for p in parameters if p in by_name]
+        raise ValueError(
+            f"{transform}(in_axes=...) {problem}. Its named parameters: {named or 'none'}." + hint
+        )
+    return dict(in_axes)
+
+
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)

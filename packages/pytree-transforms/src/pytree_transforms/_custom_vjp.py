@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 
 from pytree_filter import is_array, is_inexact_array_like, path_text
 
@@ -26,42 +27,132 @@ from ._outputs import StaticOutput, split_output
 class CustomVJP(BindsAsMethod):
     """A function with a custom VJP rule, as returned by `filter_custom_vjp`.
 
-    Define the rule with `.defvjp(fn_fwd, fn_bwd)`; then call it like the original function.
+    Define the rule with `.def_fwd(fn_fwd)` and `.def_bwd(fn_bwd)` (or the older
+    `.defvjp(fn_fwd, fn_bwd)`); then call it like the original function.
     """
 
     def __init__(self, fn: Callable[..., Any]):
         self._fn = fn
+        # The rule, in the `def_fwd`/`def_bwd` form; `defvjp` sets adapters of its own.
         self._fwd: Callable[..., Any] | None = None
         self._bwd: Callable[..., Any] | None = None
+        # Whether the rule came from `defvjp`, whose backward pass gets zero cotangents of
+        # floating-point outputs as arrays rather than as None.
+        self._by_defvjp = False
         functools.update_wrapper(self, fn, updated=())
 
+    def def_fwd(self, fn_fwd: Callable[..., Any]) -> Callable[..., Any]:
+        """Set the forward pass (usable as a decorator).
+
+        Arguments:
+            fn_fwd: called as `fn_fwd(perturbed, vjp_arg, *args, **kwargs)`; returns
+                `(out, residuals)`, where `out` is what `fn` returns and `residuals` is any
+                pytree to keep for the backward pass (its arrays are saved; its other leaves
+                are kept as they are). `perturbed` has the structure of `vjp_arg`, with
+                `True` at each floating-point array being differentiated and `False` at
+                every other leaf (non-arrays, integer arrays, and floating-point arrays
+                that do not depend on what is differentiated).
+
+        Returns:
+            `fn_fwd` itself.
+        """
+        check_callable(
+            fn_fwd, "def_fwd", "fn_fwd", what="the forward pass", spelling="fn.def_fwd({})"
+        )
+        self._check_style("def_fwd")
+        self._fwd = fn_fwd
+        return fn_fwd
+
+    def def_bwd(self, fn_bwd: Callable[..., Any]) -> Callable[..., Any]:
+        """Set the backward pass (usable as a decorator).
+
+        Arguments:
+            fn_bwd: called as `fn_bwd(residuals, grad_obj, perturbed, vjp_arg, *args,
+                **kwargs)`, where `grad_obj` is the cotangent of `out`, with `None` for
+                each leaf whose cotangent is zero (every leaf that is not a floating-point
+                array, and floating-point arrays the result does not depend on). Returns
+                the cotangent of `vjp_arg`: a pytree of its structure, with `None` for
+                every leaf that is not perturbed (`None` elsewhere means zero).
+
+        Returns:
+            `fn_bwd` itself.
+        """
+        check_callable(
+            fn_bwd, "def_bwd", "fn_bwd", what="the backward pass", spelling="fn.def_bwd({})"
+        )
+        self._check_style("def_bwd")
+        self._bwd = fn_bwd
+        return fn_bwd
+
     def defvjp(self, fn_fwd: Callable[..., Any], fn_bwd: Callable[..., Any]) -> None:
-        """Set the forward and backward passes.
+        """Set the forward and backward passes in the older form, without `perturbed`.
 
         Arguments:
             fn_fwd: called as `fn_fwd(vjp_arg, *args, **kwargs)`; returns `(out, residuals)`,
-                where `out` is what `fn` returns and `residuals` is any pytree to keep for
-                the backward pass (its arrays are saved; its other leaves are kept as
-                they are).
+                as for `def_fwd`.
             fn_bwd: called as `fn_bwd(residuals, grad_obj, vjp_arg, *args, **kwargs)`, where
-                `grad_obj` is the cotangent of `out` (`None` for leaves that are not
-                floating-point arrays); returns the cotangent of `vjp_arg`, with `None` for
-                leaves that are not floating-point arrays (`None` elsewhere means zero).
+                `grad_obj` is the cotangent of `out`: an array (zeros where the result does
+                not depend on it) for each floating-point array of `out`, `None` for every
+                other leaf. Returns the cotangent of `vjp_arg`, as for `def_bwd`.
         """
         check_callable(fn_fwd, "defvjp", "fn_fwd", spelling="fn.defvjp({}, fn_bwd)")
         check_callable(fn_bwd, "defvjp", "fn_bwd", spelling="fn.defvjp(fn_fwd, {})")
-        self._fwd = fn_fwd
-        self._bwd = fn_bwd
+        self._check_style("defvjp")
+
+        @functools.wraps(fn_fwd)
+        def fwd(perturbed: Any, vjp_arg: Any, /, *args: Any, **kwargs: Any) -> Any:
+            return fn_fwd(vjp_arg, *args, **kwargs)
+
+        @functools.wraps(fn_bwd)
+        def bwd(
+            residuals: Any,
+            grad_obj: Any,
+            perturbed: Any,
+            vjp_arg: Any,
+            /,
+            *args: Any,
+            **kwargs: Any,
+        ) -> Any:
+            return fn_bwd(residuals, grad_obj, vjp_arg, *args, **kwargs)
+
+        self._fwd, self._bwd, self._by_defvjp = fwd, bwd, True
+
+    def _check_style(self, method: str) -> None:
+        """Refuse to mix `defvjp` with `def_fwd`/`def_bwd` on one function."""
+        name = getattr(self._fn, "__name__", "fn")
+        has_rule = self._fwd is not None or self._bwd is not None
+        if method == "defvjp" and has_rule and not self._by_defvjp:
+            raise TypeError(
+                f"{name}.defvjp: {name} already has a rule set with `def_fwd`/`def_bwd`. Use "
+                f"one of the two forms: `{name}.def_fwd(fn_fwd)` and `{name}.def_bwd(fn_bwd)` "
+                "(whose rules take `perturbed`), or `defvjp(fn_fwd, fn_bwd)` alone."
+            )
+        if method != "defvjp" and self._by_defvjp:
+            raise TypeError(
+                f"{name}.{method}: {name} already has a rule set with `defvjp`. Use one of the "
+                f"two forms: `{name}.defvjp(fn_fwd, fn_bwd)` alone, or `def_fwd` and "
+                "`def_bwd` (whose rules take `perturbed`) on a function without one."
+            )
 
     def __call__(self, vjp_arg: Any, /, *args: Any, **kwargs: Any) -> Any:
         if self._fwd is None or self._bwd is None:
             name = getattr(self._fn, "__name__", "fn")
-            raise TypeError(
-                f"{name} has no VJP rule yet. Define the forward and backward passes before "
-                f"calling it: `{name}.defvjp({name}_fwd, {name}_bwd)`."
+            missing = " and ".join(
+                f"`{name}.{method}({name}_{half})`"
+                for method, half, rule in (
+                    ("def_fwd", "fwd", self._fwd),
+                    ("def_bwd", "bwd", self._bwd),
+                )
+                if rule is None
             )
-        fn, fwd, bwd = self._fn, self._fwd, self._bwd
-        inputs = RuleInputs((vjp_arg, args, kwargs), jax.tree.structure(vjp_arg).num_leaves)
+            raise TypeError(
+                f"{name} has no VJP rule yet: it is called before both passes are set. "
+                f"Set {missing} first (or both at once with "
+                f"`{name}.defvjp({name}_fwd, {name}_bwd)`)."
+            )
+        fn, fwd, bwd, by_defvjp = self._fn, self._fwd, self._bwd, self._by_defvjp
+        vjp_def = jax.tree.structure(vjp_arg)
+        inputs = RuleInputs((vjp_arg, args, kwargs), vjp_def.num_leaves)
         # The output's static part, kept aside by whichever of `primal` and `forward` ran
         # last (see the module docstring for why JAX cannot carry it). A list is the one
         # thing both rules can write and the caller read; every call makes its own.
@@ -77,8 +168,15 @@ class CustomVJP(BindsAsMethod):
             return split(fn(call_vjp_arg, *call_args, **call_kwargs))
 
         def forward(diff: list[Any], other: list[Any]) -> tuple[list[Any], tuple]:
+            # With symbolic zeros, JAX passes each input as a `CustomVJPPrimal`, which says
+            # whether it is perturbed.
+            perturbed = [False] * vjp_def.num_leaves
+            for i, x in zip(inputs.diff_index, diff, strict=True):
+                perturbed[i] = bool(x.perturbed)
+            diff, other = [x.value for x in diff], [x.value for x in other]
+            perturbed_tree = vjp_def.unflatten(perturbed)
             call_vjp_arg, call_args, call_kwargs = _rebuild(inputs, diff, other)
-            result = fwd(call_vjp_arg, *call_args, **call_kwargs)
+            result = fwd(perturbed_tree, call_vjp_arg, *call_args, **call_kwargs)
             if not (isinstance(result, tuple | list) and len(result) == 2):
                 raise TypeError(
                     f"filter_custom_vjp: {_name(fwd)} must return a pair `(out, residuals)`, "
@@ -87,16 +185,17 @@ class CustomVJP(BindsAsMethod):
             out, residuals = result
             # The residuals' static part goes to `backward` in the residuals' treedef.
             split_residuals = split_output(residuals, is_array, "filter_custom_vjp")
-            return split(out), (split_residuals, diff, other)
+            return split(out), (split_residuals, perturbed_tree, diff, other)
 
         def backward(saved: tuple, cotangents: list[Any]) -> tuple[list[Any], list[None]]:
-            (residuals, residuals_static), diff, other = saved
+            (residuals, residuals_static), perturbed, diff, other = saved
             call_vjp_arg, call_args, call_kwargs = _rebuild(inputs, diff, other)
-            cotangents = [c if is_inexact_array_like(c) else None for c in cotangents]
+            cotangents = [_cotangent(c, by_defvjp) for c in cotangents]
             grad_obj = out_static[0].rebuild(cotangents, static_as_none=True)
             grads = bwd(
                 residuals_static.rebuild(residuals),
                 grad_obj,
+                perturbed,
                 call_vjp_arg,
                 *call_args,
                 **call_kwargs,
@@ -105,9 +204,20 @@ class CustomVJP(BindsAsMethod):
             return diff_grads, [None] * len(other)
 
         custom = jax.custom_vjp(primal)
-        custom.defvjp(forward, backward)
+        custom.defvjp(forward, backward, symbolic_zeros=True)
         out = custom(*inputs.arrays())
         return out_static[0].rebuild(out)
+
+
+def _cotangent(cotangent: Any, materialise: bool) -> Any:
+    """What the backward pass gets for one array of the output: None for a zero cotangent,
+    unless `materialise` asks for zeros for a floating-point output (as `defvjp` does)."""
+    if type(cotangent) is SymbolicZero:
+        aval = cotangent.aval
+        if materialise and jnp.issubdtype(aval.dtype, jnp.inexact):
+            return jnp.zeros(aval.shape, aval.dtype)
+        return None
+    return cotangent if is_inexact_array_like(cotangent) else None
 
 
 def _rebuild(inputs: RuleInputs, diff: list[Any], other: list[Any]) -> Any:
@@ -179,17 +289,27 @@ def filter_custom_vjp(fn: Callable[..., Any]) -> CustomVJP:
         def fn(vjp_arg, *args, **kwargs):
             return out
 
-        def fn_fwd(vjp_arg, *args, **kwargs):
+        @fn.def_fwd
+        def fn_fwd(perturbed, vjp_arg, *args, **kwargs):
             return out, residuals
 
-        def fn_bwd(residuals, grad_obj, vjp_arg, *args, **kwargs):
+        @fn.def_bwd
+        def fn_bwd(residuals, grad_obj, perturbed, vjp_arg, *args, **kwargs):
             return grad_vjp_arg
 
-        fn.defvjp(fn_fwd, fn_bwd)
+    `perturbed` has the structure of `vjp_arg`: `True` at each floating-point array being
+    differentiated, `False` at every other leaf, so the backward pass can skip the
+    gradients nobody asked for (returning `None` for them). The backward pass gets all the
+    forward pass's inputs as well as the residuals, and `grad_obj` has `None` for every
+    leaf of `out` whose cotangent is zero (every leaf that is not a floating-point array,
+    and arrays the result does not depend on). To differentiate several objects, pack them
+    together as a tuple in `vjp_arg`.
 
-    The backward pass gets all the forward pass's inputs as well as the residuals, and
-    `grad_obj` has `None` for every leaf of `out` that is not a floating-point array. To
-    differentiate several objects, pack them together as a tuple in `vjp_arg`.
+    The older form `fn.defvjp(fn_fwd, fn_bwd)` sets both passes at once, with rules that
+    take no `perturbed` (`fn_fwd(vjp_arg, *args, **kwargs)`,
+    `fn_bwd(residuals, grad_obj, vjp_arg, *args, **kwargs)`), and a `grad_obj` whose
+    floating-point arrays are always arrays (zeros where the cotangent is zero). One
+    function takes one form or the other.
 
     As with `jax.custom_vjp`, the arguments must not hide traced arrays inside non-array
     leaves (a function closing over a tracer, say): convert such a function with
@@ -199,7 +319,8 @@ def filter_custom_vjp(fn: Callable[..., Any]) -> CustomVJP:
         fn: the function, called as `fn(vjp_arg, *args, **kwargs)`.
 
     Returns:
-        A `CustomVJP`, called like `fn`; set its rule with `.defvjp(fn_fwd, fn_bwd)`.
+        A `CustomVJP`, called like `fn`; set its rule with `.def_fwd(fn_fwd)` and
+        `.def_bwd(fn_bwd)` (decorators) before calling it.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -207,11 +328,13 @@ def filter_custom_vjp(fn: Callable[..., Any]) -> CustomVJP:
         >>> @filter_custom_vjp
         ... def clip_gradient(x, bound):
         ...     return x  # the identity, whose backward pass clips the gradient
-        >>> def clip_fwd(x, bound):
+        >>> @clip_gradient.def_fwd
+        ... def clip_fwd(perturbed, x, bound):
         ...     return x, None
-        >>> def clip_bwd(residuals, grad_obj, x, bound):
-        ...     return jax.tree.map(lambda g: jnp.clip(g, -bound, bound), grad_obj)
-        >>> clip_gradient.defvjp(clip_fwd, clip_bwd)
+        >>> @clip_gradient.def_bwd
+        ... def clip_bwd(residuals, grad_obj, perturbed, x, bound):
+        ...     clip = lambda g, p: jnp.clip(g, -bound, bound) if p and g is not None else None
+        ...     return jax.tree.map(clip, grad_obj, perturbed, is_leaf=lambda g: g is None)
         >>> def loss(w):
         ...     out = clip_gradient({"w": w, "name": "w"}, 1.0)
         ...     return jnp.sum(10 * out["w"])

@@ -24,6 +24,8 @@ from pytree_filter import flatten_with_mask, is_array
 from pytree_module import Module
 
 from ._arguments import ArgumentSpecs, TracedLeafNames
+from ._donation import check_donate, kept_leaves
+from ._error_if import check_failure_in
 from ._errors import check_callable, check_pytree_objects, present_as
 from ._jit_diagnose import diagnose_inputs, traced_leaf_names
 from ._jit_plan import Plan
@@ -34,10 +36,6 @@ from ._sharing import Sharing, find_sharing, has_repeats, selected_once
 from ._static_key import KeyedStatics
 from ._wrapper_cache import WrapperCache
 
-_DONATE = ("none", "all", "all-except-first", "warn", "warn-except-first")
-# The donate values that keep the first argument's arrays (Equinox's spellings: the "warn"
-# ones name the same donation, and JAX warns of unusable buffers for every value here).
-_KEEP_FIRST = ("all-except-first", "warn-except-first")
 # `jax.jit` options that depend on how the arguments are passed in.
 _SHARDINGS = {"in_shardings", "out_shardings"}
 
@@ -98,12 +96,7 @@ def filter_jit(
     if fun is None:
         return lambda f: filter_jit(f, **options, **jitkwargs)
     check_callable(fun, "filter_jit")
-    if donate not in _DONATE:
-        raise ValueError(
-            f"filter_jit(donate=...) must be one of {', '.join(map(repr, _DONATE))}; got "
-            f'{donate!r}. To donate only some arguments, use donate="all-except-first" '
-            "and pass what must be kept in the first argument."
-        )
+    check_donate("filter_jit", donate)
     for name in ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames"):
         if name in jitkwargs:
             raise TypeError(
@@ -203,8 +196,8 @@ class JitWrapper(BindsAsMethod):
                 static = plan.get_static(leaves)
                 # `Plan.static_arg`, inlined.
                 out = plan.jitted(KeyedStatics(static) if plan.keyed else static, dynamic)
-        except (TypeError, ValueError):
-            diagnose_inputs(tree, leaves, plan, plan.get_static(leaves))
+        except Exception as error:
+            _raise_explained(error, tree, leaves, plan, plan.get_static(leaves))
             raise
         # `unpack_output`, inlined: one Python call fewer on every call.
         if type(out) is PackedOutput:
@@ -216,8 +209,8 @@ class JitWrapper(BindsAsMethod):
         tree, leaves, plan, static = self._split(args, kwargs)
         try:
             out = plan.jitted(*self._arguments(plan, leaves, static))
-        except (TypeError, ValueError):
-            diagnose_inputs(tree, leaves, plan, static)
+        except Exception as error:
+            _raise_explained(error, tree, leaves, plan, static)
             raise
         return unpack_output(out)
 
@@ -228,8 +221,12 @@ class JitWrapper(BindsAsMethod):
             A `Lowered` whose `.compile()` gives a callable taking the same arguments.
         """
         plan, arguments = self._split_arguments(args, kwargs)
-        static_arg = None if plan.fixed else arguments[0]
-        return Lowered(plan.jitted.lower(*arguments), self._split_arguments, plan, static_arg)
+        key, _ = _stage(plan, arguments)
+        return Lowered(plan.jitted.lower(*arguments), self._stage_arguments, key)
+
+    def _stage_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple:
+        """The key and arguments of a compiled stage for one call (see `_jit_stages`)."""
+        return _stage(*self._split_arguments(args, kwargs))
 
     def _plan_by_types(
         self, args: tuple[Any, ...], leaves: list[Any], treedef: PyTreeDef, types: list[type]
@@ -295,14 +292,10 @@ class JitWrapper(BindsAsMethod):
         for plan in plans:
             if plan.mask == mask and plan.static_types == static_types:
                 return plan
-        kept = 0
-        if self._donate in _KEEP_FIRST:
-            # Leaves of `fun` and of the first argument come first in flat order.
-            full = treedef.treedef if isinstance(treedef, Sharing) else treedef
-            fun_def, args_def, _ = full.children()
-            kept = fun_def.num_leaves + (args_def.children()[0].num_leaves if args else 0)
-            if isinstance(treedef, Sharing):
-                kept = sum(1 for i in treedef.unique if i < kept)
+        full = treedef.treedef if isinstance(treedef, Sharing) else treedef
+        kept = kept_leaves(self._donate, full, bool(args))
+        if kept and isinstance(treedef, Sharing):
+            kept = sum(1 for i in treedef.unique if i < kept)
         fixed = self._donate == "none" and all(t is _TheFunction for t in static_types)
         plan = Plan(treedef, mask, types, static_types, kept, fixed)
         plan.jitted = self._jit(plan)
@@ -346,6 +339,15 @@ class JitWrapper(BindsAsMethod):
         return jax.jit(traced, static_argnums=0, donate_argnums=donate_argnums, **self._jitkwargs)
 
 
+def _stage(plan: Plan, arguments: tuple) -> tuple[tuple[Plan, Any], tuple]:
+    """A call's key for the compiled stages, the plan and its static argument, and the
+    arguments of the compiled program, which takes no static argument."""
+    # A plan with fixed statics takes no static argument at all (see `Plan.fixed`).
+    if plan.fixed:
+        return (plan, None), arguments
+    return (plan, arguments[0]), arguments[1:]
+
+
 class _TheFunction:
     """The placeholder of a plain function in a flattened call (see `JitWrapper`)."""
 
@@ -371,3 +373,19 @@ _WRAPPERS = WrapperCache()
 def forget_wrappers() -> None:
     """Forget the wrappers made so far (see `clear_caches`)."""
     _WRAPPERS.clear()
+
+
+def _raise_explained(
+    error: Exception, tree: Any, leaves: list[Any], plan: Plan, static: Any
+) -> None:
+    """Raise a clearer error than `error`, raised by a compiled call, where there is one.
+
+    A failed `error_if` check becomes its `RuntimeCheckError`; a `TypeError`/`ValueError`
+    from JAX's argument checks, an error naming the input at fault (`diagnose_inputs`).
+    Returns where there is nothing to add, and the caller re-raises `error`.
+    """
+    failure = check_failure_in(error)
+    if failure is not None:
+        raise failure from None
+    if isinstance(error, (TypeError, ValueError)):
+        diagnose_inputs(tree, leaves, plan, static)

@@ -1,31 +1,40 @@
-"""Ahead-of-time compilation for `filter_jit`: `wrapper.lower(...)` and `.compile()`.
+"""Ahead-of-time compilation for `filter_jit` and `filter_pmap`: `wrapper.lower(...)` and
+`.compile()`.
 
 The stages know nothing of the wrapper: they get its `split` function, which turns a call's
-arguments into its plan and the arguments of the plan's `jax.jit`.
+arguments into what the compiled program was made for (its key) and the program's
+arguments, and an `unpack` function, which turns the program's output into the function's.
 """
 
 from collections.abc import Callable
 from typing import Any
 
-from ._jit_plan import Plan
 from ._outputs import unpack_output
 
-# `split(args, kwargs)` gives a call's plan and the arguments of its `jax.jit`: the static
-# argument first, unless the plan is `fixed`.
-Split = Callable[[tuple[Any, ...], dict[str, Any]], tuple[Plan, tuple[Any, ...]]]
+# `split(args, kwargs)` gives a call's key, equal for calls the program was compiled for
+# (the structure and static values), and the arguments of the compiled program (the
+# traced leaves, without the static argument).
+Split = Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, tuple[Any, ...]]]
 
 
 class Lowered:
-    """A `filter_jit` function lowered for one set of argument structures and static values.
+    """A `filter_jit` or `filter_pmap` function lowered for one set of argument structures
+    and static values.
 
     The `jax.stages.Lowered` it wraps is `.lowered`.
     """
 
-    def __init__(self, lowered: Any, split: Split, plan: Plan, static_arg: Any):
+    def __init__(
+        self,
+        lowered: Any,
+        split: Split,
+        key: Any,
+        unpack: Callable[[Any], Any] = unpack_output,
+    ):
         self.lowered = lowered
         self._split = split
-        self._plan = plan
-        self._static_arg = static_arg
+        self._key = key
+        self._unpack = unpack
 
     def as_text(self, *args: Any, **kwargs: Any) -> str:
         """The lowered program as text (as `jax.stages.Lowered.as_text`)."""
@@ -50,30 +59,30 @@ class Lowered:
             A `Compiled`: call it with arguments of the lowered structure and static values.
         """
         compiled = self.lowered.compile(compiler_options=compiler_options)
-        return Compiled(compiled, self._split, self._plan, self._static_arg)
+        return Compiled(compiled, self._split, self._key, self._unpack)
 
 
 class Compiled:
-    """A compiled `filter_jit` function: call it with arguments of the lowered structure.
+    """A compiled `filter_jit` or `filter_pmap` function: call it with arguments of the
+    lowered structure.
 
     The `jax.stages.Compiled` it wraps is `.compiled`.
     """
 
-    def __init__(self, compiled: Any, split: Split, plan: Plan, static_arg: Any):
+    def __init__(self, compiled: Any, split: Split, key: Any, unpack: Callable[[Any], Any]):
         self.compiled = compiled
         self._split = split
-        self._plan = plan
-        self._static_arg = static_arg
+        self._key = key
+        self._unpack = unpack
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        plan, arguments = self._split(args, kwargs)
-        if plan is not self._plan or (not plan.fixed and arguments[0] != self._static_arg):
+        key, arguments = self._split(args, kwargs)
+        if key != self._key:
             raise ValueError(
                 "This compiled function was lowered for arguments of another structure or "
                 "with other static (non-array) values. Lower it again for these arguments."
             )
-        # A plan with fixed statics takes no static argument (see `Plan.fixed`).
-        return unpack_output(self.compiled(*(arguments if plan.fixed else arguments[1:])))
+        return self._unpack(self.compiled(*arguments))
 
     def as_text(self) -> str:
         """The compiled program as text."""

@@ -90,7 +90,11 @@ def filter_vmap(
     Arguments:
         fun: the function to vectorise. Omit it to get a decorator.
         in_axes: axis spec of the positional arguments: a tuple (one spec per argument) or
-            one spec for all of them. Same as `args=` / `default=`.
+            one spec for all of them (same as `args=` / `default=`); or a dict from
+            parameter names to specs, which apply whether the argument is passed by
+            position or by keyword, every other argument getting `default` (same as
+            `kwargs=`, but the names must be parameters of `fun`'s signature, not ones
+            `*args`/`**kwargs` would catch; they are checked when the wrapper is made).
         out_axes: axis spec of the output (a prefix of it). Same as `out=`.
         axis_name: name of the mapped axis, for collectives.
         axis_size: the batch size, needed when no input is mapped.
@@ -116,6 +120,9 @@ def filter_vmap(
                [6]], dtype=int32)
         >>> filter_vmap(lambda x, name: (x * 2, name))(jnp.arange(3), "doubled")
         (Array([0, 2, 4], dtype=int32), 'doubled')
+        >>> add = filter_vmap(lambda x, y: x + y, in_axes=dict(y=None))  # x: default axis 0
+        >>> add(jnp.array([1, 2]), y=jnp.array(10))
+        Array([11, 12], dtype=int32)
     """
     options = dict(
         in_axes=in_axes,
@@ -131,7 +138,9 @@ def filter_vmap(
     if fun is None:
         return lambda f: filter_vmap(f, **options, **vmapkwargs)
     check_callable(fun, "filter_vmap")
-    default, args, out = merge_axis_options("filter_vmap", in_axes, out_axes, default, args, out)
+    default, args, kwargs, out = merge_axis_options(
+        "filter_vmap", fun, in_axes, out_axes, default, args, kwargs, out
+    )
     if axis_name is not None:
         vmapkwargs["axis_name"] = axis_name
     if axis_size is not None:

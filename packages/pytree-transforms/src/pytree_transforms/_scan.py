@@ -1,0 +1,149 @@
+"""`scan`: `jax.lax.scan` over any carry, optionally checkpointed for reverse mode."""
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pytree_filter import is_array, path_text
+
+from ._checkpointed_loop import checkpointed_loop
+from ._errors import check_callable
+from ._while_loop import Carry, check_count, check_kind, default_checkpoints
+
+KINDS = ("lax", "checkpointed")
+
+
+def _scan_length(xs_leaves: list[Any], length: int | None) -> int:
+    lengths = {int(jnp.shape(x)[0]) for x in xs_leaves if jnp.ndim(x) > 0}
+    if any(jnp.ndim(x) == 0 for x in xs_leaves):
+        raise ValueError("scan: every array of `xs` needs a leading axis to scan over.")
+    if length is not None:
+        lengths.add(length)
+    if len(lengths) != 1:
+        raise ValueError(
+            f"scan: the arrays of `xs` (and `length`, if given) must agree on the number of "
+            f"steps, but they give {sorted(lengths) or 'none'}. Pass `length=` when `xs` is "
+            "None."
+        )
+    return lengths.pop()
+
+
+def _outputs(y: Any) -> Any:
+    """`y`, after checking that its leaves are arrays."""
+    pairs, _ = jax.tree_util.tree_flatten_with_path(y)
+    for path, leaf in pairs:
+        if not is_array(leaf):
+            raise ValueError(
+                f"scan: `f` returned {type(leaf).__name__} {leaf!r:.40} at {path_text(path)} "
+                "of its per-step output `y`; every leaf of `y` must be an array, stacked "
+                "over the steps. Return `jnp.asarray(...)` there, or keep it in the carry."
+            )
+    return y
+
+
+def scan(
+    f: Callable[[Any, Any], tuple[Any, Any]],
+    init: Any,
+    xs: Any = None,
+    length: int | None = None,
+    *,
+    kind: Literal["lax", "checkpointed"] = "lax",
+    checkpoints: int | None = None,
+    reverse: bool = False,
+    unroll: int | bool = 1,
+) -> tuple[Any, Any]:
+    """`jax.lax.scan` with any carry, and a checkpointed kind for reverse mode in bounded
+    memory.
+
+    The carry may hold non-array leaves: they are static and must come back unchanged.
+
+    Arguments:
+        f: `(carry, x) -> (carry, y)`.
+        init: the initial carry.
+        xs: arrays with a leading axis of the number of steps, sliced one row per step; or
+            None with `length`.
+        length: the number of steps, when `xs` is None (else it must agree with `xs`).
+        kind: `"lax"`: `jax.lax.scan`, whose reverse mode stores every step's residuals.
+            `"checkpointed"`: reverse mode keeps only `checkpoints` copies of the carry and
+            recomputes the steps in between (binomial checkpointing); the outputs `ys` are
+            written into a preallocated array, not checkpointed. Not forward-mode
+            differentiable.
+        checkpoints: for `"checkpointed"`, the number of carries kept, the initial one
+            included; by default the fewest with which no step is recomputed more than twice
+            (about `sqrt(2 * length)`).
+        reverse: scan from the last row of `xs` to the first (and stack `ys` likewise).
+        unroll: as for `jax.lax.scan`; `kind="lax"` only.
+
+    Returns:
+        `(final carry, ys)`, as `jax.lax.scan`.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from pytree_transforms import scan
+        >>> def total(xs):
+        ...     step = lambda c, x: (c + x, c * x)
+        ...     return scan(step, jnp.float32(0), xs, kind="checkpointed", checkpoints=2)
+        >>> total(jnp.arange(4.0))
+        (Array(6., dtype=float32), Array([0., 0., 2., 9.], dtype=float32))
+        >>> jax.grad(lambda xs: total(xs)[1].sum())(jnp.arange(4.0))
+        Array([6., 5., 4., 3.], dtype=float32)
+    """
+    caller = "scan"
+    check_callable(f, caller, "f", spelling=f"{caller}({{}}, init, xs)")
+    check_kind(kind, caller, KINDS)
+    length = check_count(length, "length", caller, minimum=0)
+    checkpoints = check_count(checkpoints, "checkpoints", caller, minimum=1)
+    if kind != "lax" and unroll != 1:
+        raise ValueError(
+            f'{caller}: `unroll` applies to kind="lax" only; drop it for kind={kind!r}.'
+        )
+    carry = Carry(init, caller, "init")
+    xs_leaves, xs_def = jax.tree.flatten(xs)
+    xs_leaves = [jnp.asarray(x) for x in xs_leaves]
+
+    def step(arrays: list[Any], x: Any) -> tuple[list[Any], list[Any]]:
+        new_carry, y = f(carry.rebuild(arrays), x)
+        return carry.split(new_carry, "f"), jax.tree.leaves(_outputs(y))
+
+    if kind == "lax":
+
+        def lax_step(arrays: list[Any], x: Any) -> tuple[list[Any], Any]:
+            new_carry, y = f(carry.rebuild(arrays), x)
+            return carry.split(new_carry, "f"), _outputs(y)
+
+        arrays, ys = lax.scan(lax_step, carry.arrays, xs, length, reverse=reverse, unroll=unroll)
+        return carry.rebuild(arrays), ys
+
+    steps = _scan_length(xs_leaves, length)
+    x_example = xs_def.unflatten([jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in xs_leaves])
+    y_shapes = jax.eval_shape(
+        lambda a, x: _outputs(f(carry.rebuild(a), x)[1]), carry.arrays, x_example
+    )
+    y_leaves, y_def = jax.tree.flatten(y_shapes)
+    ys = [jnp.zeros((steps, *y.shape), y.dtype) for y in y_leaves]
+    if steps == 0:
+        return carry.rebuild(carry.arrays), y_def.unflatten(ys)
+    if checkpoints is None:
+        checkpoints = default_checkpoints(steps, caller)
+
+    def loop_step(state: list[Any], ys: list[Any], x: list[Any]) -> Any:
+        i, *arrays = state
+        arrays, y = step(arrays, xs_def.unflatten(x))
+        index = steps - 1 - i if reverse else i
+        ys = [lax.dynamic_update_index_in_dim(b, v, index, 0) for b, v in zip(ys, y, strict=True)]
+        return [i + 1, *arrays], ys
+
+    state, ys = checkpointed_loop(
+        loop_step,
+        None,
+        [jnp.int32(0), *carry.arrays],
+        ys,
+        xs_leaves,
+        max_steps=steps,
+        checkpoints=min(checkpoints, steps),
+        reverse_xs=reverse,
+    )
+    return carry.rebuild(state[1:]), y_def.unflatten(ys)

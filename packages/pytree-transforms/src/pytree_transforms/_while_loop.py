@@ -1,0 +1,333 @@
+"""`while_loop`: a while loop over any pytree, optionally reverse-mode differentiable."""
+
+import math
+import operator
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from pytree_filter import is_array, path_text
+
+from ._checkpointed_loop import checkpointed_loop
+from ._errors import check_callable
+
+KINDS = ("lax", "checkpointed", "bounded")
+_BASE = 16  # steps per level of the nested scans of kind="bounded"
+
+
+def check_kind(kind: Any, caller: str, kinds: tuple[str, ...]) -> None:
+    """Refuse an unknown `kind`, naming the allowed ones."""
+    if not (isinstance(kind, str) and kind in kinds):
+        allowed = ", ".join(repr(k) for k in kinds)
+        raise ValueError(f"{caller}: unknown kind={kind!r}. Use one of {allowed}.")
+
+
+def check_count(value: Any, name: str, caller: str, *, minimum: int) -> int | None:
+    """`value` as an int of at least `minimum`, or None; refuse anything else."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        what = "a non-negative" if minimum == 0 else "a positive"
+        raise ValueError(
+            f"{caller}: `{name}` must be {what} Python int or None, but got {value!r}. "
+            f"Pass e.g. `{name}=100`."
+        )
+    return operator.index(value)
+
+
+def default_checkpoints(max_steps: int | None, caller: str) -> int:
+    """The fewest checkpoints with which no step is recomputed more than twice when
+    reversing `max_steps` steps: the least `c` with binom(c + 2, 2) >= `max_steps`."""
+    if max_steps is None:
+        raise ValueError(
+            f'{caller}: kind="checkpointed" needs `checkpoints` when `max_steps` is None: '
+            "it keeps that many carries for the backward pass, and cannot size them for an "
+            "unbounded loop. Pass `checkpoints=` (e.g. 100), or `max_steps=`."
+        )
+    return max(1, math.ceil((math.sqrt(8 * max_steps + 1) - 3) / 2))
+
+
+class Carry:
+    """A loop carry taken apart: its array leaves (what the loop carries) and the rest
+    (static, and checked to come back unchanged from every step)."""
+
+    def __init__(self, value: Any, caller: str, what: str = "init_val"):
+        self.caller = caller
+        self.what = what
+        pairs, self.treedef = jax.tree_util.tree_flatten_with_path(value)
+        self.paths = [path_text(p) for p, _ in pairs]
+        leaves = [leaf for _, leaf in pairs]
+        self.mask = [is_array(leaf) for leaf in leaves]
+        self.static = [leaf for leaf, m in zip(leaves, self.mask, strict=True) if not m]
+        # Strongly typed, so that every step gives back exactly the types it was given.
+        self.arrays = [
+            lax.convert_element_type(jnp.asarray(leaf), jnp.asarray(leaf).dtype)
+            for leaf, m in zip(leaves, self.mask, strict=True)
+            if m
+        ]
+        self.array_paths = [p for p, m in zip(self.paths, self.mask, strict=True) if m]
+
+    def rebuild(self, arrays: list[Any]) -> Any:
+        """The carry with these array leaves."""
+        arrays_iter, static_iter = iter(arrays), iter(self.static)
+        leaves = [next(arrays_iter) if m else next(static_iter) for m in self.mask]
+        return self.treedef.unflatten(leaves)
+
+    def split(self, value: Any, fun: str) -> list[Any]:
+        """The array leaves of what `fun` returned, after checking it is a carry like this."""
+        pairs, treedef = jax.tree_util.tree_flatten_with_path(value)
+        if treedef != self.treedef:
+            raise ValueError(
+                f"{self.caller}: `{fun}` must return a carry of the same structure as "
+                f"`{self.what}`, but `{self.what}` has structure {self.treedef} and `{fun}` "
+                f"returned {treedef}. Return a value of the same structure."
+            )
+        arrays = []
+        array_index = static_index = 0
+        for (_, leaf), path, m in zip(pairs, self.paths, self.mask, strict=True):
+            if m:
+                expected = self.arrays[array_index]
+                array_index += 1
+                if not is_array(leaf):
+                    raise ValueError(
+                        f"{self.caller}: `{fun}` returned {type(leaf).__name__} {leaf!r:.40} "
+                        f"at {path}, where `{self.what}` has an array of shape "
+                        f"{expected.shape} and dtype {expected.dtype}. Return an array "
+                        f"there, e.g. `jnp.asarray(..., dtype=jnp.{expected.dtype})`."
+                    )
+                if jnp.shape(leaf) != expected.shape or jnp.result_type(leaf) != expected.dtype:
+                    got = f"{jnp.result_type(leaf)}{list(jnp.shape(leaf))}"
+                    want = f"{expected.dtype}{list(expected.shape)}"
+                    raise ValueError(
+                        f"{self.caller}: `{fun}` changed the array at {path} from {want} to "
+                        f"{got}. A loop carry keeps its shapes and dtypes from step to step: "
+                        "cast or reshape the new value to the old one's (e.g. "
+                        f"`.astype(jnp.{expected.dtype})`)."
+                    )
+                arrays.append(lax.convert_element_type(leaf, expected.dtype))
+            else:
+                expected = self.static[static_index]
+                static_index += 1
+                if not _same(leaf, expected):
+                    raise ValueError(
+                        f"{self.caller}: `{fun}` changed the non-array leaf at {path} from "
+                        f"{expected!r:.40} to {leaf!r:.40}. Non-array leaves of the carry are "
+                        "static: they must not change across iterations. Make it an array "
+                        "(e.g. `jnp.asarray(...)`) if it has to change."
+                    )
+        return arrays
+
+    def condition(self, cond_fun: Callable[[Any], Any]) -> Callable[[list[Any]], Any]:
+        """`cond_fun` on the array leaves, checked to give a scalar bool."""
+
+        def cond(arrays: list[Any]) -> Any:
+            out = cond_fun(self.rebuild(arrays))
+            if isinstance(out, (bool, np.bool_)):
+                return jnp.asarray(out)
+            shape = getattr(out, "shape", None)
+            dtype = getattr(out, "dtype", None)
+            if shape != () or dtype != jnp.bool_:
+                got = f"{dtype}{list(shape)}" if shape is not None else type(out).__name__
+                raise TypeError(
+                    f"{self.caller}: `cond_fun` must return a scalar boolean (a bool, or a "
+                    f"bool array of shape ()), but it returned {got}. Reduce it, e.g. "
+                    "`jnp.all(...)`, or compare, e.g. `x < 1`."
+                )
+            return out
+
+        return cond
+
+    def body(self, body_fun: Callable[[Any], Any]) -> Callable[[list[Any]], list[Any]]:
+        """`body_fun` on the array leaves, checked to keep the carry's structure."""
+        return lambda arrays: self.split(body_fun(self.rebuild(arrays)), "body_fun")
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # objects whose comparison does not give one truth value
+        return False
+
+
+def buffer_mask(carry: Carry, buffers: Callable[[Any], Any] | None, caller: str) -> list[bool]:
+    """Which array leaves of `carry` are the buffers named by `buffers(init_val)`."""
+    if buffers is None:
+        return [False] * len(carry.arrays)
+    check_callable(buffers, caller, "buffers", spelling=f"{caller}(..., buffers={{}})")
+    # Found by identity in a rebuilt carry: the user's own init_val may hold numpy arrays or
+    # weakly typed ones, which were replaced.
+    named = jax.tree.leaves(buffers(carry.rebuild(carry.arrays)))
+    ids = {id(leaf) for leaf in named}
+    mask = [id(a) in ids for a in carry.arrays]
+    if sum(mask) != len(ids):
+        raise ValueError(
+            f"{caller}: every leaf of `buffers(init_val)` must be an array leaf of `init_val` "
+            "itself (not a copy or a computed value), e.g. `buffers=lambda carry: "
+            "carry['ys']`, but some of them are not."
+        )
+    return mask
+
+
+def while_loop(
+    cond_fun: Callable[[Any], Any],
+    body_fun: Callable[[Any], Any],
+    init_val: Any,
+    *,
+    max_steps: int | None = None,
+    kind: Literal["lax", "checkpointed", "bounded"] = "lax",
+    checkpoints: int | None = None,
+    buffers: Callable[[Any], Any] | None = None,
+) -> Any:
+    """`jax.lax.while_loop` over any pytree, with a reverse-mode differentiable choice.
+
+    The carry may hold non-array leaves (strings, Python numbers, functions): they are
+    static and must come back unchanged from every step. Its arrays keep their shapes and
+    dtypes from step to step.
+
+    Arguments:
+        cond_fun: `carry -> bool`, a Python bool or a bool array of shape ().
+        body_fun: `carry -> carry`.
+        init_val: the initial carry.
+        max_steps: stop after this many steps even if `cond_fun` still holds. Required by
+            `kind="bounded"`.
+        kind: `"lax"`: `jax.lax.while_loop`; forward-mode differentiable, not reverse-mode.
+            `"checkpointed"`: reverse-mode differentiable (not forward-mode) in memory
+            bounded by `checkpoints` copies of the carry, whatever the number of steps:
+            the backward pass recomputes steps from checkpoints (binomial checkpointing).
+            `"bounded"`: nested `lax.scan`s of `max_steps` steps in all, skipping those
+            after `cond_fun` turns false; differentiable in both modes, with memory growing
+            with `max_steps`.
+        checkpoints: for `"checkpointed"`, the number of carries kept for the backward pass,
+            the initial one included; by default the fewest with which no step is
+            recomputed more than twice (about `sqrt(2 * max_steps)`). Required when
+            `max_steps` is None.
+        buffers: `init_val -> pytree of array leaves of init_val`: large arrays that
+            `body_fun` fills in place, `buf.at[i].set(...)`. With `"checkpointed"` they are
+            not copied into the checkpoints, on the conditions that every location is
+            written at most once (and not also set before the loop) and read only after it
+            was written; these are not checked, and breaking them gives wrong gradients.
+            The other kinds only check that they are leaves of the carry.
+
+    Returns:
+        The final carry.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from pytree_transforms import while_loop
+        >>> def solve(rate):
+        ...     def step(carry):
+        ...         t, y = carry
+        ...         return t + 0.1, y - 0.1 * rate * y  # explicit Euler for y' = -rate y
+        ...     init = (jnp.float32(0.0), jnp.float32(1.0))
+        ...     _, y = while_loop(lambda c: c[0] < 0.95, step, init,
+        ...                       max_steps=100, kind="checkpointed", checkpoints=3)
+        ...     return y
+        >>> print(f"{solve(1.0):.4f} {jax.grad(solve)(1.0):.4f}")
+        0.3487 -0.3874
+    """
+    caller = "while_loop"
+    check_callable(cond_fun, caller, "cond_fun", spelling=f"{caller}({{}}, body_fun, init_val)")
+    check_callable(body_fun, caller, "body_fun", spelling=f"{caller}(cond_fun, {{}}, init_val)")
+    check_kind(kind, caller, KINDS)
+    max_steps = check_count(max_steps, "max_steps", caller, minimum=0)
+    checkpoints = check_count(checkpoints, "checkpoints", caller, minimum=1)
+    if kind == "bounded" and max_steps is None:
+        raise ValueError(
+            f'{caller}: kind="bounded" needs `max_steps`: it unrolls the loop to that many '
+            'steps. Pass `max_steps=` (an int), or use kind="checkpointed" for a loop of '
+            "unbounded length."
+        )
+    if kind == "checkpointed" and checkpoints is None:
+        checkpoints = default_checkpoints(max_steps, caller)
+    carry = Carry(init_val, caller)
+    is_buffer = buffer_mask(carry, buffers, caller)
+    cond = carry.condition(cond_fun)
+    body = carry.body(body_fun)
+    if max_steps == 0:
+        return carry.rebuild(carry.arrays)
+    if kind == "lax":
+        arrays = _lax_loop(cond, body, carry.arrays, max_steps)
+    elif kind == "bounded":
+        arrays = bounded_loop(cond, body, carry.arrays, max_steps)
+    else:
+        arrays = _checkpointed(cond, body, carry.arrays, is_buffer, max_steps, checkpoints)
+    return carry.rebuild(arrays)
+
+
+def _lax_loop(cond: Any, body: Any, arrays: list[Any], max_steps: int | None) -> list[Any]:
+    if max_steps is None:
+        return lax.while_loop(cond, body, arrays)
+
+    def counted_cond(carry: tuple[Any, list[Any]]) -> Any:
+        return (carry[0] < max_steps) & cond(carry[1])
+
+    def counted_body(carry: tuple[Any, list[Any]]) -> tuple[Any, list[Any]]:
+        return carry[0] + 1, body(carry[1])
+
+    return lax.while_loop(counted_cond, counted_body, (jnp.int32(0), arrays))[1]
+
+
+def bounded_loop(cond: Any, body: Any, arrays: list[Any], max_steps: int) -> list[Any]:
+    """At most `max_steps` steps as nested scans of `_BASE` steps a level, each step or block
+    of steps skipped (`lax.cond`) once the loop has stopped."""
+
+    def going(carry: tuple[Any, list[Any]]) -> Any:
+        return (carry[0] < max_steps) & cond(carry[1])
+
+    def one(carry: tuple[Any, list[Any]]) -> tuple[Any, list[Any]]:
+        return lax.cond(going(carry), lambda c: (c[0] + 1, body(c[1])), lambda c: c, carry)
+
+    def level(depth: int, length: int) -> Callable[[Any], Any]:
+        inner = one if depth == 0 else level(depth - 1, _BASE)
+
+        def block(carry: tuple[Any, list[Any]]) -> tuple[Any, list[Any]]:
+            return lax.scan(lambda c, _: (inner(c), None), carry, length=length)[0]
+
+        if depth == 0:
+            return block
+        return lambda carry: lax.cond(going(carry), block, lambda c: c, carry)
+
+    depth = 0
+    while _BASE ** (depth + 1) < max_steps:
+        depth += 1
+    # The outer level has just enough blocks of _BASE**depth steps to cover max_steps.
+    outer = level(depth, -(-max_steps // _BASE**depth)) if depth else level(0, max_steps)
+    return outer((jnp.int32(0), arrays))[1]
+
+
+def _checkpointed(
+    cond: Any,
+    body: Any,
+    arrays: list[Any],
+    is_buffer: list[bool],
+    max_steps: int | None,
+    checkpoints: int,
+) -> list[Any]:
+    if max_steps is not None:
+        checkpoints = min(checkpoints, max_steps)
+
+    def merge(state: list[Any], buffers: list[Any]) -> list[Any]:
+        state_iter, buffer_iter = iter(state), iter(buffers)
+        return [next(buffer_iter) if b else next(state_iter) for b in is_buffer]
+
+    def split(values: list[Any]) -> tuple[list[Any], list[Any]]:
+        state = [v for v, b in zip(values, is_buffer, strict=True) if not b]
+        return state, [v for v, b in zip(values, is_buffer, strict=True) if b]
+
+    def step(state: list[Any], buffers: list[Any], _: list[Any]) -> Any:
+        return split(body(merge(state, buffers)))
+
+    def keep_going(state: list[Any], buffers: list[Any]) -> Any:
+        return cond(merge(state, buffers))
+
+    state, buffers = split(arrays)
+    state, buffers = checkpointed_loop(
+        step, keep_going, state, buffers, [], max_steps=max_steps, checkpoints=checkpoints
+    )
+    return merge(state, buffers)

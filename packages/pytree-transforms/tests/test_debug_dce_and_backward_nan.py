@@ -1,0 +1,77 @@
+"""store_dce/inspect_dce and backward_nan."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pytree_transforms.debug import backward_nan, inspect_dce, store_dce
+
+
+def test_inspect_dce_prints_which_arrays_survived(capsys):
+    @jax.jit
+    def f(x):
+        square, _ = store_dce((x**2, x + 1), name="pair")
+        tree = store_dce({"w": x, "n": "static", "v": [x * 3, jnp.arange(3)]}, name="tree")
+        return square + tree["w"]
+
+    assert f(2.0) == 6.0
+    inspect_dce("pair")
+    inspect_dce("tree")
+    inspect_dce("nothing stored")
+    assert capsys.readouterr().out.splitlines() == [
+        "Found 1 call to `pytree_transforms.debug.store_dce`.",
+        "Entry 0:",
+        "(f32[], <DCE'd>)",
+        "Found 1 call to `pytree_transforms.debug.store_dce`.",
+        "Entry 0:",
+        "{'n': 'static', 'v': [<DCE'd>, <DCE'd>], 'w': f32[]}",
+        "Found 0 calls to `pytree_transforms.debug.store_dce`.",
+    ]
+
+
+def test_each_traced_call_is_an_entry(capsys):
+    f = jax.jit(lambda x: store_dce(x, name="retraced") * 2)
+    f(jnp.ones(2))
+    f(jnp.ones(3))
+    inspect_dce("retraced")
+    assert capsys.readouterr().out.splitlines() == [
+        "Found 2 calls to `pytree_transforms.debug.store_dce`.",
+        "Entry 0:",
+        "f32[2]",
+        "Entry 1:",
+        "f32[3]",
+    ]
+
+
+def test_store_dce_outside_jit_and_inspect_dce_inside_are_refused():
+    with pytest.raises(RuntimeError, match="inside a jitted function"):
+        store_dce(jnp.ones(2))
+    with pytest.raises(RuntimeError, match="outside jitted code"):
+        jax.jit(lambda x: inspect_dce() or x)(1.0)
+
+
+def test_backward_nan_is_the_identity_and_prints_on_the_backward_pass(capsys):
+    def f(x):
+        return jnp.sum(jnp.sqrt(backward_nan({"x": x, "tag": "t"}, name="x")["x"]))
+
+    assert f(jnp.array([1.0, 4.0])) == 3.0
+    assert capsys.readouterr().out == ""
+    grad = jax.grad(f)(jnp.array([1.0, 4.0]))
+    assert grad.tolist() == [0.5, 0.25]
+    out = capsys.readouterr().out
+    assert out.startswith("x:\n   primals={'tag': 't', 'x': Array([1., 4.], dtype=float32)}")
+    assert "cotangents={'tag': None, 'x': Array([0.5 , 0.25], dtype=float32)}" in out
+
+
+def test_backward_nan_raises_on_a_nan_cotangent_unless_asked_not_to(capsys):
+    def loss(x, terminate):
+        return jnp.sum(0 * jnp.log(backward_nan(x, terminate=terminate)))
+
+    x = jnp.array([0.0, 2.0])
+    grad = jax.jit(jax.grad(lambda x: loss(x, False)))(x)
+    assert np.isnan(grad[0]) and grad[1] == 0.0
+    assert "cotangents=Array([nan,  0.], dtype=float32)" in capsys.readouterr().out
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="cotangent has a NaN"):
+        jax.jit(jax.grad(lambda x: loss(x, True)))(x)
+    assert jax.grad(lambda x: loss(x, True))(jnp.array([1.0, 2.0])).tolist() == [0.0, 0.0]

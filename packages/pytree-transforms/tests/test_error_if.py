@@ -1,0 +1,264 @@
+"""error_if and branched_error_if: run-time checks under every transform, and the modes of
+PYTREE_TRANSFORMS_ON_ERROR."""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import pytree_transforms as pt
+from pytree_transforms import RuntimeCheckError, branched_error_if, error_if
+
+# How JAX reports a callback that raised, inside compiled code: a JaxRuntimeError on the
+# call that compiles, a ValueError from its C++ dispatch path on later calls.
+COMPILED_FAILURE = (jax.errors.JaxRuntimeError, ValueError)
+
+
+def _nonnegative(x):
+    return error_if(x, x < 0, "x must be nonnegative")
+
+
+CHECK_LINE = _nonnegative.__code__.co_firstlineno + 1
+
+
+def test_a_passing_check_returns_x_unchanged_with_its_other_leaves():
+    tree = {"w": jnp.arange(3.0), "tag": "t", "n": 2}
+    eager = error_if(tree, tree["w"] < 0, "negative")
+    assert eager["tag"] == "t" and eager["n"] == 2 and eager["w"].tolist() == [0.0, 1.0, 2.0]
+    out = pt.filter_jit(lambda t: error_if(t, t["w"] < 0, "negative"))(tree)
+    assert out["tag"] == "t" and out["n"] == 2 and out["w"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_check_whose_result_is_unused_is_removed_with_the_dead_code():
+    assert jax.jit(lambda x: (error_if(x, x < 0, "unused"), x)[1])(-1.0) == -1.0
+    with pytest.raises(RuntimeCheckError, match="known"):
+        jax.jit(lambda x: error_if(x, np.array([False, True]), "known"))(1.0)
+
+
+def test_a_failing_check_in_jit_raises_with_the_message_and_the_line_of_the_check():
+    with pytest.raises(COMPILED_FAILURE) as info:
+        jax.jit(_nonnegative)(jnp.array([1.0, -1.0]))
+    text = str(info.value)
+    assert "RuntimeCheckError: x must be nonnegative" in text
+    assert f'{__file__}", line {CHECK_LINE}, in _nonnegative' in text
+
+
+def test_eagerly_a_failing_check_raises_our_error_at_once():
+    with pytest.raises(RuntimeCheckError, match=r"^x must be nonnegative$") as info:
+        _nonnegative(jnp.array(-1.0))
+    assert any(
+        str(entry.path) == __file__ and entry.lineno + 1 == CHECK_LINE for entry in info.traceback
+    )
+
+
+def test_jax_jit_raises_jaxs_error_holding_the_message():
+    assert jax.jit(_nonnegative)(jnp.array(2.0)) == 2.0
+    with pytest.raises(COMPILED_FAILURE, match="x must be nonnegative"):
+        jax.jit(_nonnegative)(jnp.array(-2.0))
+
+
+@pytest.mark.parametrize("async_dispatch", [True, False])
+def test_filter_jit_raises_the_check_error_itself_on_every_call(async_dispatch):
+    before = jax.config.values["jax_cpu_enable_async_dispatch"]
+    jax.config.update("jax_cpu_enable_async_dispatch", async_dispatch)
+    try:
+        f = pt.filter_jit(lambda x, scale: _nonnegative(x) * scale)
+        assert f(jnp.array(2.0), 3) == 6.0
+        expected = (
+            "^x must be nonnegative\n\nThe check is at "
+            f'File "{re.escape(__file__)}", line {CHECK_LINE}, in _nonnegative.$'
+        )
+        for _ in range(2):  # the compiling call, then JAX's C++ dispatch path
+            with pytest.raises(RuntimeCheckError, match=expected):
+                f(jnp.array(-2.0), 3)
+        # The general path too (the same array passed twice).
+        g = pt.filter_jit(lambda x, y: _nonnegative(x) + y)
+        x = jnp.array(-1.0)
+        with pytest.raises(RuntimeCheckError, match=r"^x must be nonnegative"):
+            g(x, x)
+    finally:
+        jax.config.update("jax_cpu_enable_async_dispatch", before)
+
+
+@pytest.mark.parametrize("async_dispatch", [True, False])
+def test_the_error_is_raised_by_the_call_with_async_dispatch_on_and_off(async_dispatch):
+    before = jax.config.values["jax_cpu_enable_async_dispatch"]
+    jax.config.update("jax_cpu_enable_async_dispatch", async_dispatch)
+    try:
+        f = jax.jit(lambda x: _nonnegative(x) * 2)
+        with pytest.raises(COMPILED_FAILURE, match="x must be nonnegative"):
+            f(jnp.array(-1.0))
+    finally:
+        jax.config.update("jax_cpu_enable_async_dispatch", before)
+
+
+def test_vmap_with_a_batched_predicate_fails_if_any_element_fails():
+    f = jax.jit(jax.vmap(_nonnegative))
+    assert f(jnp.array([1.0, 2.0])).tolist() == [1.0, 2.0]
+    with pytest.raises(COMPILED_FAILURE, match="x must be nonnegative"):
+        f(jnp.array([1.0, -2.0]))
+    with pytest.raises(RuntimeCheckError, match="x must be nonnegative"):
+        jax.vmap(_nonnegative)(jnp.array([1.0, -2.0]))
+
+
+def test_grad_checks_the_forward_pass_and_differentiates_as_the_identity():
+    def loss(x):
+        return jnp.sum(_nonnegative(x) ** 2)
+
+    assert jax.grad(loss)(jnp.array([1.0, 3.0])).tolist() == [2.0, 6.0]
+    assert jax.jit(jax.grad(loss))(jnp.array([1.0, 3.0])).tolist() == [2.0, 6.0]
+    assert jax.jvp(_nonnegative, (2.0,), (1.0,)) == (2.0, 1.0)
+    with pytest.raises(COMPILED_FAILURE, match="x must be nonnegative"):
+        jax.jit(jax.grad(loss))(jnp.array([1.0, -3.0]))
+    with pytest.raises(RuntimeCheckError, match="x must be nonnegative"):
+        jax.grad(loss)(jnp.array([1.0, -3.0]))
+
+
+def test_checks_inside_scan_while_loop_and_cond():
+    def scanned(xs):
+        return lax.scan(lambda c, x: (c + _nonnegative(x), None), 0.0, xs)[0]
+
+    def looped(x):
+        return lax.while_loop(
+            lambda c: c[1] < 3, lambda c: (_nonnegative(c[0] - 1), c[1] + 1), (x, 0)
+        )
+
+    def branched(x):
+        return lax.cond(x < 5, _nonnegative, lambda y: y, x)
+
+    assert jax.jit(scanned)(jnp.array([1.0, 2.0])) == 3.0
+    assert jax.jit(looped)(3.0)[0] == 0.0
+    assert jax.jit(branched)(1.0) == 1.0
+    for f, x in [(scanned, jnp.array([1.0, -2.0])), (looped, 2.0), (branched, -1.0)]:
+        with pytest.raises(COMPILED_FAILURE, match="x must be nonnegative"):
+            jax.jit(f)(x)
+
+
+def test_a_concrete_predicate_is_decided_at_trace_time():
+    jaxpr = jax.make_jaxpr(lambda x: error_if(x, np.bool_(False), "never"))(1.0)
+    assert not jaxpr.eqns
+    with pytest.raises(RuntimeCheckError, match="always"):
+        jax.jit(lambda x: error_if(x, True, "always"))(1.0)
+    jaxpr = jax.make_jaxpr(lambda x: error_if(x, x < 0, "sometimes"))(1.0)
+    assert "cond" in str(jaxpr)
+
+
+def test_branched_error_if_picks_the_message_by_a_traced_index():
+    msgs = ["x is negative", "x is too large"]
+
+    @jax.jit
+    def f(x):
+        return branched_error_if(x, (x < 0) | (x > 10), jnp.where(x < 0, 0, 1), msgs)
+
+    assert f(3.0) == 3.0
+    with pytest.raises(COMPILED_FAILURE, match="x is too large"):
+        f(30.0)
+    with pytest.raises(COMPILED_FAILURE, match="x is negative"):
+        f(-3.0)
+    # Under vmap the message is that of a failing element, not of the largest index.
+    g = jax.jit(jax.vmap(lambda x, i: branched_error_if(x, x < 0, i, ["neg", "other"])))
+    with pytest.raises(COMPILED_FAILURE, match="neg"):
+        g(jnp.array([-1.0, 2.0]), jnp.array([0, 1]))
+    with pytest.raises(RuntimeCheckError, match="x is too large"):
+        branched_error_if(30.0, jnp.array(True), 1, msgs)
+
+
+def test_an_index_out_of_range_is_reported_with_the_failure():
+    f = jax.jit(lambda x, i: branched_error_if(x, x < 0, i, ["only one"]))
+    with pytest.raises(COMPILED_FAILURE, match="only 1 messages"):
+        f(-1.0, 4)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: error_if(1.0, jnp.array(1.0), "m"), TypeError, "`pred` to be a boolean"),
+        (lambda: error_if(1.0, jnp.array([0, 1]), "m"), TypeError, "x != 0"),
+        (lambda: error_if(1.0, False, 3), TypeError, "`msg` to be a str"),
+        (lambda: branched_error_if(1.0, False, 0, []), ValueError, "empty `msgs`"),
+        (lambda: branched_error_if(1.0, False, 0, "ab"), TypeError, "sequence of strings"),
+        (lambda: branched_error_if(1.0, False, 0, ["a", 2]), TypeError, "message 1"),
+        (lambda: branched_error_if(1.0, False, 0.5, ["a"]), TypeError, "`index` to be an integer"),
+        (lambda: branched_error_if(1.0, False, True, ["a"]), TypeError, "`index` to be an integer"),
+    ],
+)
+def test_bad_arguments_are_refused_with_a_message(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_a_check_with_no_array_to_tie_to_is_refused():
+    with pytest.raises(ValueError, match="needs an array in `x`"):
+        jax.jit(lambda p: error_if("text", p, "m"))(jnp.array(True))
+
+
+def test_an_unknown_mode_is_refused(monkeypatch):
+    monkeypatch.setenv("PYTREE_TRANSFORMS_ON_ERROR", "warn")
+    with pytest.raises(ValueError, match="PYTREE_TRANSFORMS_ON_ERROR is 'warn'"):
+        error_if(1.0, False, "m")
+
+
+def test_mode_nan_poisons_only_the_failing_values(monkeypatch):
+    monkeypatch.setenv("PYTREE_TRANSFORMS_ON_ERROR", "nan")
+    out = jax.jit(jax.vmap(lambda x: error_if(x, x < 0, "neg")))(jnp.array([1.0, -1.0]))
+    assert np.isnan(out[1]) and out[0] == 1.0
+    tree = {"f": jnp.array([1.0, -1.0]), "i": jnp.array([1, 2]), "b": jnp.array(False)}
+    out = jax.jit(lambda t: error_if(t, t["f"] < 0, "neg"))(tree)
+    assert np.isnan(out["f"]).all()
+    assert out["i"].tolist() == [np.iinfo(np.int32).max] * 2 and out["b"]
+    assert jax.jit(lambda x: error_if(x, x < 0, "neg"))(2.0) == 2.0
+    with pytest.warns(UserWarning, match="NaNs now") as record:
+        assert np.isnan(error_if(jnp.array(-1.0), jnp.array(True), "neg"))
+    assert record[0].filename == __file__
+
+
+def test_mode_off_removes_the_check(monkeypatch):
+    monkeypatch.setenv("PYTREE_TRANSFORMS_ON_ERROR", "off")
+    assert jax.jit(lambda x: error_if(x, x < 0, "neg"))(-1.0) == -1.0
+    assert "cond" not in str(jax.make_jaxpr(lambda x: error_if(x, x < 0, "neg"))(-1.0))
+
+
+def test_the_mode_is_read_when_the_check_is_traced(monkeypatch):
+    f = jax.jit(lambda x: error_if(x, x < 0, "neg"))
+    assert f(1.0) == 1.0
+    monkeypatch.setenv("PYTREE_TRANSFORMS_ON_ERROR", "off")
+    # Compiled while the mode was `raise`: the compiled check stays.
+    with pytest.raises(COMPILED_FAILURE, match="neg"):
+        f(-1.0)
+    pt.clear_caches()
+    assert f(-1.0) == -1.0
+
+
+def test_mode_breakpoint_opens_the_debugger_then_goes_on_with_nans():
+    script = textwrap.dedent(
+        """
+        import jax, jax.numpy as jnp
+        from pytree_transforms import error_if
+
+        def check(x):
+            return error_if(x, x < 0, "x must be nonnegative")
+
+        print("result", jax.jit(check)(jnp.array(-1.0)))
+        """
+    )
+    env = dict(os.environ, PYTREE_TRANSFORMS_ON_ERROR="breakpoint")
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        input="x\nc\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "RuntimeCheckError: x must be nonnegative" in done.stderr
+    # The debugger shows the user's frame, whose `x` is printed on request.
+    assert "(jdb)" in done.stdout and "Array(-1., dtype=float32)" in done.stdout
+    assert "result nan" in done.stdout
