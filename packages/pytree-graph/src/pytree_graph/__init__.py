@@ -12,7 +12,12 @@ from ._control_flow import while_loop as while_loop
 from ._eval_shape import eval_shape as eval_shape
 from ._graphdef import GraphDef as GraphDef
 from ._graphdef import merge as merge
+from ._iteration import iter_children as iter_children
+from ._iteration import iter_modules as iter_modules
+from ._iteration import recursive_map as recursive_map
 from ._jit import jit as jit
+from ._pure_dict import replace_by_pure_dict as replace_by_pure_dict
+from ._pure_dict import to_pure_dict as to_pure_dict
 from ._refs import VariableIndex as VariableIndex
 from ._refs import VariableValue as VariableValue
 from ._refs import deref as deref

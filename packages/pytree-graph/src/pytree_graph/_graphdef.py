@@ -5,6 +5,7 @@ import operator
 from collections.abc import Mapping, Sequence
 from itertools import repeat
 from operator import itemgetter
+from types import GenericAlias
 from typing import Any
 
 import jax
@@ -45,6 +46,9 @@ class GraphDef:
     """
 
     __slots__ = ("_hash", "_unflatten", "num_leaves", "num_objects", "paths", "root")
+
+    # `GraphDef[MyModel]` in annotations, as Flax NNX users write them.
+    __class_getitem__ = classmethod(GenericAlias)
 
     def __init__(self, root: tuple, paths: tuple[tuple[Any, ...], ...], num_objects: int) -> None:
         self.root = root

@@ -2,7 +2,7 @@
 
 import operator
 from collections.abc import Callable, Iterator, Mapping
-from types import MappingProxyType
+from types import GenericAlias, MappingProxyType
 from typing import Any
 
 import jax
@@ -43,6 +43,7 @@ class _Kind:
 
 
 _kinds: dict[tuple[type, Any], _Kind] = {}
+_MISSING: Any = object()
 
 
 def _kind(cls: type, metadata: Mapping[str, Any]) -> _Kind:
@@ -97,7 +98,11 @@ class Variable:
     is read and written as attributes and travels through every operation. Writing to a
     Variable from inside a JAX transform it was not passed into raises `TraceContextError`.
 
-    Subclass it to make your own kinds of state: `class Count(Variable): pass`.
+    Subclass it to make your own kinds of state: `class Count(Variable): pass`. A subclass
+    may override `get_value` and `set_value` (calling `super()`) to change every read and
+    write: `.value`, `v[...]`, operators and in-place operators go through them. The
+    constructor, pytree unflattening and the graph transforms' write-back store values as
+    given. `Param[jax.Array]` is an annotation (a `types.GenericAlias`), as in Flax NNX.
 
     Arguments:
         value: the value to hold.
@@ -122,6 +127,9 @@ class Variable:
     _pg_flat: tuple[tuple[Any], _Kind]
     _pg_trace: Any
 
+    # `Param[jax.Array]` for annotations; `isinstance` and pytree registration use the class.
+    __class_getitem__ = classmethod(GenericAlias)
+
     def __init__(self, value: Any, **metadata: Any):
         if isinstance(value, Variable):
             raise TypeError(
@@ -135,14 +143,58 @@ class Variable:
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
         _register(cls)
+        if cls.get_value is not Variable.get_value:
+            # Decided once per class, so that Variables without the override keep reading
+            # the slot directly: `.value` and the operators are on every layer's hot path.
+            for name, method in _READS_THROUGH_GET_VALUE.items():
+                if getattr(cls, name) is getattr(Variable, name):
+                    setattr(cls, name, method)
 
     @property
     def value(self) -> Any:
-        """The value held."""
+        """The value held (read with `get_value`, written with `set_value`)."""
         return self._pg_flat[0][0]
 
     @value.setter
     def value(self, value: Any) -> None:
+        self.set_value(value)
+
+    def get_value(self) -> Any:
+        """The value held; a subclass may override it to change every read.
+
+        Returns:
+            The value.
+
+        Examples:
+            >>> import jax.numpy as jnp
+            >>> from pytree_graph import Param
+            >>> class Doubled(Param):
+            ...     def get_value(self):
+            ...         return super().get_value() * 2
+            >>> v = Doubled(jnp.array(3.0))
+            >>> [float(x) for x in (v.get_value(), v.value, v[...], v + 0)]
+            [6.0, 6.0, 6.0, 6.0]
+        """
+        return self._pg_flat[0][0]
+
+    def set_value(self, value: Any) -> None:
+        """Replace the value; a subclass may override it to change every write.
+
+        Arguments:
+            value: the new value (not a Variable).
+
+        Examples:
+            >>> import jax.numpy as jnp
+            >>> from pytree_graph import Param
+            >>> class Clipped(Param):
+            ...     def set_value(self, value):
+            ...         super().set_value(jnp.clip(value, -1.0, 1.0))
+            >>> v = Clipped(jnp.zeros(2))
+            >>> v.value = jnp.array([3.0, -0.5])
+            >>> v[0] = -7.0
+            >>> v.value.tolist()
+            [-1.0, -0.5]
+        """
         if isinstance(value, Variable):
             raise TypeError(
                 f"Cannot store a {type(value).__name__} inside a {type(self).__name__}: "
@@ -155,6 +207,103 @@ class Variable:
     def metadata(self) -> Mapping[str, Any]:
         """The metadata, as a read-only mapping."""
         return self._pg_flat[1].metadata
+
+    def get_metadata(self, name: str | None = None, default: Any = _MISSING) -> Any:
+        """The metadata as a new dict, or one entry of it.
+
+        Arguments:
+            name: the entry to return; by default, all metadata is returned as a dict.
+            default: what to return when `name` is not in the metadata (by default,
+                `KeyError` is raised).
+
+        Returns:
+            A dict of all metadata (changing it does not change the Variable), or the entry.
+
+        Examples:
+            >>> from pytree_graph import Param
+            >>> p = Param(1.0, sharding=("data",))
+            >>> p.get_metadata(), p.get_metadata("sharding"), p.get_metadata("tag", None)
+            ({'sharding': ('data',)}, ('data',), None)
+        """
+        metadata = self._pg_flat[1].metadata
+        if name is None:
+            if default is not _MISSING:
+                raise TypeError(
+                    "get_metadata(default=...) needs a `name`: without one, all metadata "
+                    "is returned. Call `get_metadata(name, default)`."
+                )
+            return dict(metadata)
+        if name in metadata:
+            return metadata[name]
+        if default is not _MISSING:
+            return default
+        raise KeyError(
+            f"{type(self).__name__} has no metadata {name!r}. Metadata: "
+            f"{sorted(metadata) or 'none'}. Pass a default: `get_metadata({name!r}, None)`."
+        )
+
+    def set_metadata(self, *args: Any, **metadata: Any) -> None:
+        """Change the metadata in place, as Flax NNX's `Variable.set_metadata`.
+
+        Called as `set_metadata(name=value, ...)` or `set_metadata(name, value)`, it sets
+        those entries and keeps the others; called as `set_metadata(mapping)`, it replaces
+        all metadata. Values must be hashable (they are part of the pytree structure). On
+        an error nothing is changed. `replace(**metadata)` makes a new Variable instead.
+
+        Arguments:
+            *args: `(name, value)` or `(mapping,)`, instead of keywords.
+            **metadata: entries to set.
+
+        Examples:
+            >>> from pytree_graph import Param
+            >>> p = Param(1.0, tag="a")
+            >>> p.set_metadata(sharding=("data",))
+            >>> p.set_metadata("tag", "b")
+            >>> p
+            Param(value=1.0, sharding=('data',), tag='b')
+            >>> p.set_metadata({})
+            >>> p.get_metadata()
+            {}
+        """
+        current = self._pg_flat[1].metadata
+        if args and metadata:
+            raise TypeError(
+                "set_metadata takes either positional arguments or keywords, not both: "
+                "use `set_metadata(name=value, ...)`, `set_metadata(name, value)` or "
+                "`set_metadata(mapping)`."
+            )
+        if len(args) == 1:
+            if not isinstance(args[0], Mapping):
+                raise TypeError(
+                    f"set_metadata with one positional argument takes a mapping that "
+                    f"replaces all metadata, but got {_a(args[0])}. To set one entry, use "
+                    "`set_metadata(name, value)` or `set_metadata(name=value)`."
+                )
+            new = dict(args[0])
+        elif len(args) == 2:
+            new = {**current, args[0]: args[1]}
+        elif args or not metadata:
+            raise TypeError(
+                f"set_metadata got {len(args)} positional arguments and no keywords: use "
+                "`set_metadata(name=value, ...)`, `set_metadata(name, value)` or "
+                "`set_metadata(mapping)`."
+            )
+        else:
+            new = {**current, **metadata}
+        for name in new:
+            if not isinstance(name, str) or name.startswith("_") or name == "value":
+                raise ValueError(
+                    f"Invalid metadata name {name!r} for a {type(self).__name__}: names "
+                    "must be strings, must not start with `_`, and `value` is the value "
+                    "(set it with `set_value`)."
+                )
+        self._change_metadata(new, "set the metadata")
+
+    def _change_metadata(self, metadata: Mapping[str, Any], what: str) -> None:
+        """Replace all metadata, after checking the trace and that the values are hashable."""
+        _guard(self, what)
+        _set_flat(self, (self._pg_flat[0], _kind(self._pg_flat[1].cls, metadata)))
+        touch()
 
     def replace(self, value: Any = ..., **metadata: Any) -> "Variable":
         """A new Variable of the same type, with `value` and `metadata` changed.
@@ -171,7 +320,9 @@ class Variable:
             >>> Param(1.0, tag="a").replace(2.0)
             Param(value=2.0, tag='a')
         """
-        return type(self)(self.value if value is ... else value, **{**self.metadata, **metadata})
+        if value is ...:
+            value = self._pg_flat[0][0]  # as stored: `get_value` overrides are not applied
+        return type(self)(value, **{**self.metadata, **metadata})
 
     def copy(self) -> "Variable":
         """A new Variable of the same type holding the same value and metadata."""
@@ -197,31 +348,27 @@ class Variable:
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "value":
-            Variable.value.fset(self, value)  # type: ignore[attr-defined]
+            self.set_value(value)
         elif name.startswith("_"):
             raise AttributeError(
                 f"Cannot set {name!r} on a {type(self).__name__}: names starting with `_` "
                 "are reserved. Metadata names must not start with an underscore."
             )
         else:
-            _guard(self, f"set the metadata {name!r}")
-            kind = self._pg_flat[1]
-            _set_flat(self, (self._pg_flat[0], _kind(kind.cls, {**kind.metadata, name: value})))
-            touch()
+            self._change_metadata({**self.metadata, name: value}, f"set the metadata {name!r}")
 
     def __delattr__(self, name: str) -> None:
         kind = self._pg_flat[1]
         if name not in kind.metadata:
             raise AttributeError(f"{type(self).__name__} has no metadata {name!r} to delete.")
-        _guard(self, f"delete the metadata {name!r}")
         metadata = {k: v for k, v in kind.metadata.items() if k != name}
-        _set_flat(self, (self._pg_flat[0], _kind(kind.cls, metadata)))
-        touch()
+        self._change_metadata(metadata, f"delete the metadata {name!r}")
 
     def __getitem__(self, index: Any) -> Any:
+        # `_index` inlined: `v[...]` is the usual way to read an array Variable.
         value = self._pg_flat[0][0]
         if index is Ellipsis and type(value) in _PYTHON_NUMBERS:
-            return value  # `v[...]` is the whole value, as for a 0-d array
+            return value
         return value[index]
 
     def __setitem__(self, index: Any, value: Any) -> None:
@@ -298,7 +445,7 @@ class Variable:
         )
 
     def __getstate__(self) -> tuple[Any, dict[str, Any]]:
-        return self.value, dict(self.metadata)
+        return self._pg_flat[0][0], dict(self.metadata)
 
     def __setstate__(self, state: tuple[Any, dict[str, Any]]) -> None:
         value, metadata = state
@@ -307,6 +454,12 @@ class Variable:
 
 
 _PYTHON_NUMBERS = frozenset({bool, int, float, complex})
+
+
+def _index(value: Any, index: Any) -> Any:
+    if index is Ellipsis and type(value) in _PYTHON_NUMBERS:
+        return value  # `v[...]` is the whole value, as for a 0-d array
+    return value[index]
 
 
 def _show_index(index: Any) -> str:
@@ -321,27 +474,51 @@ _set_flat = Variable._pg_flat.__set__  # type: ignore[attr-defined]
 _set_trace = Variable._pg_trace.__set__  # type: ignore[attr-defined]
 
 
-def _unary(op: Callable[[Any], Any]) -> Callable[[Variable], Any]:
+# The value-reading methods as installed on subclasses that override `get_value`; Variable's
+# own read the slot directly (see `Variable.__init_subclass__`).
+_READS_THROUGH_GET_VALUE: dict[str, Any] = {
+    "value": property(lambda self: self.get_value(), Variable.value.fset),  # type: ignore[attr-defined]
+    "__getitem__": lambda self, index: _index(self.get_value(), index),
+}
+
+
+def _install(name: str, methods: tuple[Callable[..., Any], Callable[..., Any]]) -> None:
+    setattr(Variable, name, methods[0])
+    _READS_THROUGH_GET_VALUE[name] = methods[1]
+
+
+def _unary(op: Callable[[Any], Any]) -> tuple[Callable[[Variable], Any], ...]:
     def method(self: Variable) -> Any:
         return op(self._pg_flat[0][0])
 
-    return method
+    def through_get_value(self: Variable) -> Any:
+        return op(self.get_value())
+
+    return method, through_get_value
 
 
-def _binary(op: Callable[[Any, Any], Any]) -> Callable[[Variable, Any], Any]:
+def _binary(op: Callable[[Any, Any], Any]) -> tuple[Callable[[Variable, Any], Any], ...]:
     def method(self: Variable, other: Any) -> Any:
         if isinstance(other, Variable):
             other = other.value
         return op(self._pg_flat[0][0], other)
 
-    return method
+    def through_get_value(self: Variable, other: Any) -> Any:
+        if isinstance(other, Variable):
+            other = other.value
+        return op(self.get_value(), other)
+
+    return method, through_get_value
 
 
-def _reflected(op: Callable[[Any, Any], Any]) -> Callable[[Variable, Any], Any]:
+def _reflected(op: Callable[[Any, Any], Any]) -> tuple[Callable[[Variable, Any], Any], ...]:
     def method(self: Variable, other: Any) -> Any:
         return op(other, self._pg_flat[0][0])
 
-    return method
+    def through_get_value(self: Variable, other: Any) -> Any:
+        return op(other, self.get_value())
+
+    return method, through_get_value
 
 
 def _in_place(op: Callable[[Any, Any], Any]) -> Callable[[Variable, Any], Variable]:
@@ -371,25 +548,25 @@ _BINARY = {
     "rshift": operator.rshift,
 }
 for _name, _op in _BINARY.items():
-    setattr(Variable, f"__{_name}__", _binary(_op))
-    setattr(Variable, f"__r{_name}__", _reflected(_op))
+    _install(f"__{_name}__", _binary(_op))
+    _install(f"__r{_name}__", _reflected(_op))
     setattr(Variable, f"__i{_name}__", _in_place(_op))
-Variable.__divmod__ = _binary(divmod)
-Variable.__rdivmod__ = _reflected(divmod)
+_install("__divmod__", _binary(divmod))
+_install("__rdivmod__", _reflected(divmod))
 for _name, _op in {
     "lt": operator.lt,
     "le": operator.le,
     "gt": operator.gt,
     "ge": operator.ge,
 }.items():
-    setattr(Variable, f"__{_name}__", _binary(_op))
+    _install(f"__{_name}__", _binary(_op))
 for _name, _op in {
     "neg": operator.neg,
     "pos": operator.pos,
     "abs": operator.abs,
     "invert": operator.invert,
 }.items():
-    setattr(Variable, f"__{_name}__", _unary(_op))
+    _install(f"__{_name}__", _unary(_op))
 
 
 _VALUE_KEY = GetAttrKey("value")

@@ -46,6 +46,7 @@ from ._recurrent import LSTMCell as LSTMCell
 from ._rngs import RngCount as RngCount
 from ._rngs import RngKey as RngKey
 from ._rngs import Rngs as Rngs
+from ._rngs import RngState as RngState
 from ._rngs import RngStream as RngStream
 from ._rotary import RotaryPositionalEmbedding as RotaryPositionalEmbedding
 from ._summary import tabulate as tabulate

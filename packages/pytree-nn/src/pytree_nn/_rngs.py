@@ -1,5 +1,6 @@
 """`Rngs`: named streams of PRNG keys, carried in a model like any other state."""
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -11,11 +12,23 @@ from pytree_graph import Variable
 from ._module import Module
 
 
-class RngKey(Variable):
+class RngState(Variable):
+    """The state of a random stream: the common base of `RngKey` and `RngCount`, so one
+    type selects all of it, as `nnx.RngState` does.
+
+    Examples:
+        >>> import pytree_graph as pg
+        >>> from pytree_nn import Rngs, RngState
+        >>> sorted(pg.state(Rngs(0, dropout=1), RngState).flat_state())
+        [('default', 'count'), ('default', 'key'), ('dropout', 'count'), ('dropout', 'key')]
+    """
+
+
+class RngKey(RngState):
     """The root key of a random stream."""
 
 
-class RngCount(Variable):
+class RngCount(RngState):
     """How many keys a random stream has given out."""
 
 
@@ -39,15 +52,41 @@ def _as_key(seed_or_key: Any, where: str) -> jax.Array:
     )
 
 
+def _check_num(num: Any, where: str) -> int | tuple[int, ...]:
+    """`num` for `split`: a count >= 0, or a shape (a tuple of counts) for nested maps."""
+    counts = num if isinstance(num, tuple) else (num,)
+    if not counts or not all(
+        isinstance(n, int | np.integer) and not isinstance(n, bool) and n >= 0 for n in counts
+    ):
+        raise ValueError(
+            f"{where}: the number of splits must be an int >= 0 or a tuple of them (a "
+            f"shape, e.g. (2, 3)), got {num!r}. For example rngs.split(4)."
+        )
+    return tuple(int(n) for n in counts) if isinstance(num, tuple) else int(num)
+
+
 class RngStream(Module):
     """One named stream: a root key and a counter; each call gives a new key.
 
     Arguments:
         key: an int seed or a PRNG key.
+        tag: the stream's name, shown in its repr and in errors. An `Rngs` tags each stream
+            it makes with its keyword; `fork` and `split` keep the tag.
+
+    Examples:
+        >>> from pytree_nn import RngStream
+        >>> stream = RngStream(0, tag="dropout")
+        >>> stream().dtype, int(stream.count.value)
+        (key<fry>, 1)
+        >>> stream.fork().tag, int(stream.count.value)  # a new stream; this one advances
+        ('dropout', 2)
     """
 
-    def __init__(self, key: Any):
-        key = _as_key(key, "RngStream")
+    def __init__(self, key: Any, *, tag: str = "default"):
+        if not isinstance(tag, str):
+            raise TypeError(f"RngStream(tag=...) must be a str (the stream's name), got {tag!r}.")
+        key = _as_key(key, f"RngStream(tag={tag!r})")
+        self.tag = tag
         self.key = RngKey(key)
         self.count = RngCount(jnp.zeros(key.shape, jnp.uint32))
 
@@ -57,21 +96,24 @@ class RngStream(Module):
         self.count.value = self.count.value + 1
         return key
 
-    def split(self, num: int) -> "RngStream":
-        """`num` independent streams, stacked (for `vmap` or `scan`)."""
-        return RngStream(jax.random.split(self(), num))
+    def split(self, num: int | tuple[int, ...]) -> "RngStream":
+        """`num` independent streams, stacked (for `vmap` or `scan`); a tuple stacks them
+        in that shape (for nested maps). This stream advances by one key."""
+        num = _check_num(num, f"RngStream {self.tag!r}: split(num)")
+        return RngStream(jax.random.split(self(), num), tag=self.tag)
 
     def fork(self) -> "RngStream":
         """A new stream, independent of this one, whose root key is this stream's next key
         (as Flax NNX's `RngStream.fork`). This stream advances by one key."""
-        return RngStream(self())
+        return RngStream(self(), tag=self.tag)
 
 
 def _fold_in(key: jax.Array, count: jax.Array) -> jax.Array:
-    if key.shape:
-        # A stack of streams (split for vmap/scan, used without mapping): one each.
-        return jax.vmap(jax.random.fold_in)(key, count)
-    return jax.random.fold_in(key, count)
+    fold_in = jax.random.fold_in
+    # A stack of streams (split for vmap/scan, used without mapping): one each.
+    for _ in range(key.ndim):
+        fold_in = jax.vmap(fold_in)
+    return fold_in(key, count)
 
 
 _DISTRIBUTIONS = (
@@ -87,9 +129,6 @@ _DISTRIBUTIONS = (
     "laplace",
     "exponential",
 )
-_RESERVED = frozenset({"split", *_DISTRIBUTIONS}) | {
-    name for name in dir(Module) if not name.startswith("_")
-}
 
 
 class Rngs(Module):
@@ -98,7 +137,7 @@ class Rngs(Module):
     Each stream gives a new key per call (its root key folded in with a counter kept in
     a Variable, so the streams live in the model and advance inside transforms). A stream
     that was not given falls back to the default one. Layers take `rngs=` as an `Rngs`,
-    a PRNG key or an int seed.
+    a PRNG key or an int seed. `rngs["name"]` is `rngs.name`.
 
     An `Rngs` is state, like a Param: each draw writes its stream's counter. Two threads
     drawing from one `Rngs` at the same time race on that write (both may get the same
@@ -114,6 +153,8 @@ class Rngs(Module):
         >>> rngs = Rngs(0, dropout=1)
         >>> rngs.params().dtype  # no "params" stream: the default one
         key<fry>
+        >>> rngs["dropout"] is rngs.dropout
+        True
         >>> rngs.normal((2,)).shape  # distributions, from the default stream
         (2,)
         >>> rngs.split(4).default.key.value.shape  # four streams, for vmap
@@ -147,17 +188,32 @@ class Rngs(Module):
                 "streams such as Rngs(params=0, dropout=1)."
             )
         if seed_or_key is not None:
-            self.default = _stream(seed_or_key, "Rngs")
+            self.default = _stream(seed_or_key, "default", "Rngs")
         for name, seed in streams.items():
-            setattr(self, name, _stream(seed, f"Rngs({name}=...)"))
+            setattr(self, name, _stream(seed, name, f"Rngs({name}=...)"))
 
     def __getattr__(self, name: str) -> RngStream:
         # Only reached for names that are not attributes: unknown streams.
         if name.startswith("_"):
             raise AttributeError(name)
+        return self._stream_or_default(name, AttributeError)
+
+    def __getitem__(self, name: str) -> RngStream:
+        """The stream called `name` (or the default one, if there is none), as `rngs.name`."""
+        if not isinstance(name, str):
+            raise TypeError(
+                f"Rngs[...] takes a stream name (a str), got {name!r}; its streams: "
+                f"{self.streams()}, e.g. rngs[{self.streams()[0]!r}]."
+            )
+        stream = vars(self).get(name)
+        if isinstance(stream, RngStream):
+            return stream
+        return self._stream_or_default(name, KeyError)
+
+    def _stream_or_default(self, name: str, error: type[Exception]) -> RngStream:
         default = vars(self).get("default")
         if default is None:
-            raise AttributeError(
+            raise error(
                 f"Rngs has no stream {name!r} and no default stream to fall back to; its "
                 f"streams: {self.streams()}. Give one: Rngs(0) or Rngs({name}=0)."
             )
@@ -169,28 +225,86 @@ class Rngs(Module):
 
     def streams(self) -> list[str]:
         """The names of the streams."""
-        return [name for name, value in vars(self).items() if isinstance(value, RngStream)]
+        return [name for name, _ in self._items()]
 
-    def split(self, num: int) -> "Rngs":
-        """`num` independent copies of every stream, stacked: pass the result to `vmap`
-        (mapped over axis 0) or `scan` to give each example or step its own keys.
+    def split(self, num: int | tuple[int, ...] | Mapping[Any, Any]) -> "Rngs":
+        """Independent copies of every stream, stacked: pass the result to `vmap` (mapped
+        over axis 0) or `scan` to give each example or step its own keys.
 
         Arguments:
-            num: how many.
+            num: how many: an int, or a tuple for a stack of that shape (nested maps). Or
+                a dict from stream names to how many, per stream; `...` stands for the
+                streams not named (wherever it is in the dict), and `None` for "not
+                split". A stream that is not split is forked: the new `Rngs` has an
+                independent stream, of the same shape.
 
         Returns:
-            A new `Rngs` whose keys and counts have a leading axis of size `num`. This
-            `Rngs` advances by one key per stream.
+            A new `Rngs` whose split streams' keys and counts have leading axes of shape
+            `num`. This `Rngs` advances by one key per stream.
+
+        Examples:
+            >>> from pytree_nn import Rngs
+            >>> rngs = Rngs(params=0, dropout=1, noise=2)
+            >>> split = rngs.split({"params": 4, ...: (2, 3), "dropout": None})
+            >>> [split[name].key.value.shape for name in ("params", "dropout", "noise")]
+            [(4,), (), (2, 3)]
         """
-        split = {name: getattr(self, name).split(num) for name in self.streams()}
-        default = split.pop("default", None)
-        return Rngs(default, **split)
+        # Checked before any stream advances, so a bad `num` leaves this Rngs as it was.
+        nums = self._split_nums(num)
+        new = {
+            name: stream.fork() if nums[name] is None else stream.split(nums[name])
+            for name, stream in self._items()
+        }
+        return Rngs(new.pop("default", None), **new)
+
+    def _split_nums(self, num: Any) -> dict[str, Any]:
+        """How to split each stream (None: not split), `num` checked."""
+        names = self.streams()
+        if not isinstance(num, Mapping):
+            num = _check_num(num, "Rngs.split(num)")
+            return dict.fromkeys(names, num)
+        unknown = [name for name in num if name is not Ellipsis and name not in names]
+        if unknown:
+            raise ValueError(
+                f"Rngs.split({{...}}): no stream called {', '.join(map(repr, unknown))}; the "
+                f"streams are {names}. Name those, or use `...` for all the streams not named, "
+                "e.g. rngs.split({'params': 4, ...: None})."
+            )
+        nums = {name: num.get(name, num.get(Ellipsis)) for name in names}
+        return {
+            name: None if n is None else _check_num(n, f"Rngs.split({{{name!r}: ...}})")
+            for name, n in nums.items()
+        }
+
+    def fork(self) -> "Rngs":
+        """A new `Rngs` with the same streams, each forked: independent of this one's, its
+        root key this stream's next key (as Flax NNX's `Rngs.fork`). Give it to a part of a
+        model that should draw keys of its own. This `Rngs` advances by one key per stream.
+
+        Returns:
+            The new `Rngs`.
+
+        Examples:
+            >>> from pytree_nn import Rngs
+            >>> rngs = Rngs(0, dropout=1)
+            >>> forked = rngs.fork()
+            >>> forked.streams(), int(rngs.dropout.count.value)
+            (['default', 'dropout'], 1)
+            >>> bool((forked.dropout() == rngs.dropout()).all())
+            False
+        """
+        new = {name: stream.fork() for name, stream in self._items()}
+        return Rngs(new.pop("default", None), **new)
+
+    def _items(self) -> list[tuple[str, RngStream]]:
+        """The streams, by name, in the order they were given."""
+        return [(name, value) for name, value in vars(self).items() if isinstance(value, RngStream)]
 
 
-def _stream(seed_or_key: Any, where: str) -> RngStream:
+def _stream(seed_or_key: Any, name: str, where: str) -> RngStream:
     if isinstance(seed_or_key, RngStream):
         return seed_or_key
-    return RngStream(_as_key(seed_or_key, where))
+    return RngStream(_as_key(seed_or_key, where), tag=name)
 
 
 def _distribution(name: str, on_default: bool) -> Any:
@@ -211,6 +325,9 @@ def _distribution(name: str, on_default: bool) -> Any:
 for _name in _DISTRIBUTIONS:
     setattr(RngStream, _name, _distribution(_name, on_default=False))
     setattr(Rngs, _name, _distribution(_name, on_default=True))
+
+# A stream named like a method would hide it.
+_RESERVED = frozenset(name for name in dir(Rngs) if not name.startswith("_"))
 
 
 def as_rngs(rngs: Any, where: str) -> Rngs:

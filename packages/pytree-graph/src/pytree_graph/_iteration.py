@@ -1,0 +1,202 @@
+"""Iterating over the Modules of a graph, and mapping a function over all its nodes."""
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+
+from pytree_filter import SHAPED_TYPES, Path, path_keys, path_text
+from pytree_module import Module
+from pytree_module.extend import blank_instance, flat_form, is_pytree_class
+
+from ._traverse import GraphWalk, _stops, check_graph
+from ._variables import Variable
+
+
+def iter_modules(node: Any) -> Iterator[tuple[Path, Module]]:
+    """Iterate over every Module of a graph, `node` included, each shared one once.
+
+    The order is `iter_graph`'s: children before their parents, so the root comes last.
+
+    Arguments:
+        node: a Module (or a list, tuple or dict holding Modules).
+
+    Returns:
+        An iterator of `(path, module)` pairs, paths being tuples of keys.
+
+    Raises:
+        TypeError: `node` is a single value (a number, a string, an array...).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, iter_modules
+        >>> class Linear(Module):
+        ...     def __init__(self):
+        ...         self.w = Param(jnp.ones(2))
+        >>> class MLP(Module):
+        ...     def __init__(self):
+        ...         self.layers = [Linear(), Linear()]
+        >>> [(path, type(m).__name__) for path, m in iter_modules(MLP())]
+        [(('layers', 0), 'Linear'), (('layers', 1), 'Linear'), ((), 'MLP')]
+    """
+    walk = GraphWalk(record_order=True)
+    check_graph(walk.graphdef(node), node, "iter_modules")
+    assert walk.order is not None
+    return ((path, value) for path, value in walk.order if isinstance(value, Module))
+
+
+def _entries(node: Any) -> list[tuple[Any, Any]]:
+    """The `(key, value)` of a node's own attributes or items, in `iter_graph`'s order."""
+    if isinstance(node, Module):
+        if is_pytree_class(type(node)):
+            children, entry = flat_form(node)
+            return list(zip(entry.layout.data_keys, children, strict=True))
+        return sorted(vars(node).items())
+    if type(node) is dict:
+        return list(node.items())
+    if type(node) in (list, tuple):
+        return list(enumerate(node))
+    shown = repr(node)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise TypeError(
+        "iter_children expects a Module (or a list, tuple or dict) as `node`, got "
+        f"{shown}, of type {type(node).__name__}."
+    )
+
+
+def iter_children(node: Any) -> Iterator[tuple[Any, Module]]:
+    """Iterate over the Modules that are direct attributes (or items) of `node`.
+
+    Unlike `iter_modules` it does not go further down; a Module held by two attributes
+    is yielded under each. Modules inside a list or dict attribute are not direct
+    children (the list is): reach them with `iter_modules`.
+
+    Arguments:
+        node: a Module (or a list, tuple or dict).
+
+    Returns:
+        An iterator of `(key, module)` pairs: the attribute name (or item key) and the
+        Module.
+
+    Raises:
+        TypeError: `node` is not a Module, list, tuple or dict.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, iter_children
+        >>> class Linear(Module):
+        ...     def __init__(self):
+        ...         self.w = Param(jnp.ones(2))
+        >>> class Block(Module):
+        ...     def __init__(self):
+        ...         self.first = Linear()
+        ...         self.second = Linear()
+        ...         self.scale = Param(jnp.ones(()))
+        >>> [(key, type(m).__name__) for key, m in iter_children(Block())]
+        [('first', 'Linear'), ('second', 'Linear')]
+    """
+    entries = _entries(node)
+    return ((key, value) for key, value in entries if isinstance(value, Module))
+
+
+class _Mapper:
+    """One `recursive_map`: results by object id, so shared objects map once."""
+
+    def __init__(self, fn: Callable[[Path, Any], Any]):
+        self.fn = fn
+        self.results: dict[int, Any] = {}
+        self.open: set[int] = set()
+
+    def visit(self, value: Any, path: Path) -> Any:
+        if isinstance(value, Module | Variable):
+            key = id(value)
+            if key in self.results:
+                return self.results[key]
+            if key in self.open:
+                raise ValueError(
+                    f"recursive_map found a cycle: the {type(value).__name__} at "
+                    f"{path_text(path)} is also one of the objects holding it. `fn` must "
+                    "get each object after its children's results, which a cycle makes "
+                    "impossible. Walk such graphs with `iter_graph` instead."
+                )
+            self.open.add(key)
+            new = value if isinstance(value, Variable) else self._module(value, path)
+            result = self.results[key] = self.fn(path, new)
+            self.open.discard(key)
+            return result
+        kind = type(value)
+        if kind in (list, tuple):
+            new = kind(self.visit(v, (*path, i)) for i, v in enumerate(value))
+        elif kind is dict:
+            new = {k: self.visit(v, (*path, k)) for k, v in value.items()}
+        elif isinstance(value, SHAPED_TYPES):
+            new = value
+        else:
+            keyed, treedef = jax.tree_util.tree_flatten_with_path(value, is_leaf=_stops)
+            if treedef.num_nodes == 1 and treedef.num_leaves == 1 and keyed[0][1] is value:
+                new = value
+            else:
+                new = treedef.unflatten(
+                    [self.visit(leaf, (*path, *path_keys(p))) for p, leaf in keyed]
+                )
+        return self.fn(path, new)
+
+    def _module(self, module: Module, path: Path) -> Module:
+        if is_pytree_class(type(module)):
+            children, entry = flat_form(module)
+            return entry(
+                tuple(
+                    self.visit(child, (*path, name))
+                    for name, child in zip(entry.layout.data_keys, children, strict=True)
+                )
+            )
+        new = blank_instance(type(module))
+        for name, child in sorted(vars(module).items()):
+            object.__setattr__(new, name, self.visit(child, (*path, name)))
+        return new
+
+
+def recursive_map(fn: Callable[[Path, Any], Any], node: Any) -> Any:
+    """A new graph made by calling `fn(path, value)` on every node of `node`, bottom-up.
+
+    Every Module, Variable, array, container and other value is passed to `fn` once its
+    children have been replaced by `fn`'s results, so `fn` sees a new Module already
+    holding the new children; what `fn` returns takes the node's place. The root's path
+    is `()`, and `fn`'s result for it is returned. A shared Module or Variable is mapped
+    once and its result shared, so the new graph keeps the sharing of `node`. Modules
+    are new objects; Variables are passed to `fn` as they are, so unless `fn` replaces
+    them (`variable.replace(...)`, `variable.copy()`) the new graph holds the same
+    Variables as `node`. `node` itself is not changed.
+
+    Arguments:
+        fn: called as `fn(path, value)`; returns the value to use instead.
+        node: a Module (or any pytree or `pytree=False` object graph).
+
+    Returns:
+        `fn`'s result for the root.
+
+    Raises:
+        TypeError: `fn` is not callable.
+        ValueError: the graph has a cycle (an object reachable from itself).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, Variable, recursive_map
+        >>> class Linear(Module):
+        ...     def __init__(self):
+        ...         self.w = Param(jnp.ones(2))
+        >>> def double(path, value):
+        ...     return value.replace(value.value * 2) if isinstance(value, Variable) else value
+        >>> model = Linear()
+        >>> recursive_map(double, model).w.value, model.w.value
+        (Array([2., 2.], dtype=float32), Array([1., 1.], dtype=float32))
+    """
+    if not callable(fn):
+        raise TypeError(
+            f"recursive_map expects a function `fn(path, value)` as its first argument, "
+            f"got a {type(fn).__name__}. The graph comes second: `recursive_map(fn, node)`."
+        )
+    return _Mapper(fn).visit(node, ())
