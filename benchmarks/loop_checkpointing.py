@@ -86,46 +86,37 @@ def losses(steps: int) -> dict[str, Callable[..., Any]]:
         body = jax.checkpoint(body) if remat else body
         return jnp.sum(lax.scan(body, y0, None, length=steps)[0] ** 2)
 
-    def ours(params: Any, y0: Any) -> Any:
-        def body(carry: Any) -> Any:
-            return carry[0] + 1, euler_step(params, carry[1])
+    def checkpointed(loop: Callable[..., Any]) -> Callable[..., Any]:
+        """The loss through `loop`, a checkpointed while loop with Equinox's signature."""
 
-        out = while_loop(
-            lambda c: c[0] < steps,
-            body,
-            (jnp.int32(0), y0),
-            max_steps=steps,
-            kind="checkpointed",
-            checkpoints=CHECKPOINTS,
-        )
-        return jnp.sum(out[1] ** 2)
+        def loss(params: Any, y0: Any) -> Any:
+            def body(carry: Any) -> Any:
+                return carry[0] + 1, euler_step(params, carry[1])
+
+            out = loop(
+                lambda c: c[0] < steps,
+                body,
+                (jnp.int32(0), y0),
+                max_steps=steps,
+                kind="checkpointed",
+                checkpoints=CHECKPOINTS,
+            )
+            return jnp.sum(out[1] ** 2)
+
+        return loss
 
     result = {
         "while_lax": while_lax,
         "scan": scan,
         "scan_remat": lambda p, y: scan(p, y, remat=True),
-        "ours": ours,
+        "ours": checkpointed(while_loop),
     }
     try:
         import equinox.internal as eqxi
     except ImportError:
         return result
 
-    def equinox(params: Any, y0: Any) -> Any:
-        def body(carry: Any) -> Any:
-            return carry[0] + 1, euler_step(params, carry[1])
-
-        out = eqxi.while_loop(
-            lambda c: c[0] < steps,
-            body,
-            (jnp.int32(0), y0),
-            max_steps=steps,
-            kind="checkpointed",
-            checkpoints=CHECKPOINTS,
-        )
-        return jnp.sum(out[1] ** 2)
-
-    result["equinox"] = equinox
+    result["equinox"] = checkpointed(eqxi.while_loop)
     return result
 
 
