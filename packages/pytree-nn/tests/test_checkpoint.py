@@ -341,7 +341,7 @@ def test_orbax_with_state_and_update(tmp_path):
     state = pg.state(model)
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, state.to_pure_dict())
     restored = checkpointer.restore(tmp_path / "orbax", target)
-    pg.update(model, state.replace_by_pure_dict(restored))
+    state.replace_by_pure_dict(restored)  # writes into the model's own Variables
     np.testing.assert_array_equal(model.kernel.value, saved.kernel.value)
 
 

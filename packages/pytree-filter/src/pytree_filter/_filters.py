@@ -1,6 +1,7 @@
 """Filter objects: small, hashable, composable predicates that see `(path, value)`."""
 
 import builtins
+import inspect
 from collections.abc import Callable, Hashable
 from typing import Any as AnyType
 
@@ -150,33 +151,56 @@ class OfType(_Value):
 
 
 class PathContains(_Value):
-    """Matches leaves whose path contains `key` as one whole entry.
+    """Matches leaves whose path contains `key` as one whole entry (or, with
+    `exact=False`, as part of one).
 
     Paths are plain keys: attribute names, dict keys and sequence indices, so
     `PathContains("bias")` matches `.layers[0].bias` and `{"bias": ...}` alike, but not
-    `.bias_scale`.
+    `.bias_scale`. With `exact=False` the key and the path entries are compared as text, as
+    Flax NNX's `PathContains(key, exact=False)` does: `PathContains("bias", exact=False)`
+    matches `.bias_scale` too, and `PathContains(1, exact=False)` matches `[1]`, `[10]` and
+    `.layer1`.
 
     Arguments:
         key: an attribute name, dict key or index.
+        exact: whether an entry must equal `key` (the default) or only contain it as a
+            substring of its text.
 
     Examples:
         >>> from pytree_filter import PathContains, filter
         >>> filter({"w": 1, "b": {"bias": 2}}, PathContains("bias"))
         {'b': {'bias': 2}, 'w': None}
+        >>> filter({"bias": 1, "bias_scale": 2, "w": 3}, PathContains("bias", exact=False))
+        {'bias': 1, 'bias_scale': 2, 'w': None}
     """
 
-    __slots__ = ("key",)
-    _fields = ("key",)
+    __slots__ = ("exact", "key")
+    _fields = ("key", "exact")
 
-    def __init__(self, key: Hashable):
+    def __init__(self, key: Hashable, exact: bool = True):
         try:
             hash(key)
         except TypeError:
             raise TypeError(f"PathContains expects a hashable key, got {key!r}.") from None
-        _init(self, key=key)
+        if not isinstance(exact, bool):
+            raise TypeError(
+                f"PathContains: exact must be True or False, got {exact!r}. "
+                f"PathContains({key!r}, exact=False) matches entries containing {str(key)!r}."
+            )
+        _init(self, key=key, exact=exact)
 
     def __call__(self, path: Path, value: AnyType) -> bool:
-        return self.key in path
+        if self.exact:
+            return self.key in path
+        text = str(self.key)
+        return builtins.any(text in str(entry) for entry in path)
+
+    def __repr__(self) -> str:
+        return (
+            f"PathContains({self.key!r})"
+            if self.exact
+            else f"PathContains({self.key!r}, exact=False)"
+        )
 
 
 class _Combination(_Value):
@@ -274,6 +298,68 @@ class _LeafPredicate(_Value):
         return getattr(self.predicate, "__name__", repr(self.predicate))
 
 
+class _PathPredicate(_Value):
+    """A plain `f(path, value) -> bool` function (Flax NNX's form), as a filter object."""
+
+    __slots__ = ("predicate",)
+    _fields = ("predicate",)
+
+    def __init__(self, predicate: Callable[[Path, AnyType], AnyType]):
+        _init(self, predicate=predicate)
+
+    def __call__(self, path: Path, value: AnyType) -> bool:
+        return bool(self.predicate(path, value))
+
+    def __repr__(self) -> str:
+        return getattr(self.predicate, "__name__", repr(self.predicate))
+
+
+# Whether a function takes `(path, value)`, per function: the signature is read once, not
+# on every conversion (`split(model, f)` converts its filters on every call). Bounded, as
+# functions made afresh each time (lambdas in a loop) would otherwise pile up.
+_takes_path: dict[AnyType, bool] = {}
+
+
+def _function_filter(function: Callable[..., AnyType]) -> Filter:
+    """A plain function as a filter: `f(value)` or `f(path, value)`, told by its signature."""
+    try:
+        known = _takes_path.get(function)
+    except TypeError:  # an unhashable callable object
+        known = None
+    if known is None:
+        known = _reads_path(function)
+        try:
+            if len(_takes_path) >= 256:
+                _takes_path.clear()
+            _takes_path[function] = known
+        except TypeError:
+            pass
+    return _PathPredicate(function) if known else _LeafPredicate(function)
+
+
+def _reads_path(function: Callable[..., AnyType]) -> bool:
+    """Whether `function` is called as `f(path, value)` (two required positional
+    parameters) rather than `f(value)` (one); anything else is refused."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return False  # no readable signature (some builtins): a leaf predicate, as always
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [p for p in parameters if p.kind in positional and p.default is p.empty]
+    keyword_only = [p.name for p in parameters if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    if len(required) in (1, 2) and not keyword_only:
+        return len(required) == 2
+    name = getattr(function, "__name__", repr(function))
+    also = f" and required keyword-only parameters {keyword_only}" if keyword_only else ""
+    raise TypeError(
+        f"The function {name} cannot be a filter: it has {len(required)} required "
+        f"positional parameters{also}. "
+        "A filter function takes one argument, `f(value) -> bool` (such as `is_array`), or "
+        "two, `f(path, value) -> bool` as in Flax NNX, where `path` is a tuple of keys "
+        "such as ('layers', 0, 'kernel')."
+    )
+
+
 _EVERYTHING = Everything()
 _NOTHING = Nothing()
 
@@ -293,14 +379,20 @@ def as_filter(spec: AnyType) -> Filter:
             f"The string {spec!r} is not a filter. To select leaves by attribute or key "
             f"name, use PathContains({spec!r})."
         )
+    if isinstance(spec, tuple | list):
+        # Flax NNX's spelling of `Any`; a tuple of types stays one `OfType` (one isinstance).
+        if spec and all(isinstance(t, type) for t in spec):
+            return OfType(tuple(spec))
+        return Any(*spec)
     if callable(spec):
-        return _LeafPredicate(spec)
+        return _function_filter(spec)
     raise TypeError(
         f"Unsupported filter {spec!r} of type {type(spec).__name__}. A filter is one of: "
-        "True or False; a predicate `f(leaf) -> bool` such as `is_array`; a type (its "
-        "instances are selected whole); `...` (everything); a filter object (OfType, "
-        "PathContains, Any, All, Not, Everything, Nothing); and, for filter/partition, a "
-        "prefix pytree of those."
+        "True or False; a predicate `f(leaf) -> bool` such as `is_array`, or `f(path, "
+        "leaf) -> bool`; a type (its instances are selected whole); `...` (everything); a "
+        "filter object (OfType, PathContains, Any, All, Not, Everything, Nothing); a tuple "
+        "or list of filters (any of them); and, for filter/partition, a prefix pytree of "
+        "those."
     )
 
 
@@ -310,19 +402,34 @@ def to_predicate(filter_: AnyType) -> Callable[[Path, AnyType], bool]:
     This is the one conversion every consumer of filters uses: library code that accepts
     user filters calls it once and then tests leaves with their paths.
 
+    A plain function is told apart by its signature, read once here: one required
+    positional parameter makes it a leaf predicate `f(value)`, two make it a path
+    predicate `f(path, value)` (Flax NNX's form); any other number is refused. A function
+    whose signature cannot be read (some builtins) is a leaf predicate. A tuple or list of
+    filters matches what any of them matches (`Any`), as in Flax NNX.
+
     Arguments:
-        filter_: `True`/`False`, a leaf predicate `f(leaf)`, a type, `...`, or a filter
-            object.
+        filter_: `True`/`False`, a function `f(leaf)` or `f(path, leaf)`, a type, `...`,
+            a filter object, or a tuple or list of filters.
 
     Returns:
         A filter object, called as `predicate(path, value)`. Its `leaf_types()` says which
         types to treat as leaves when flattening.
+
+    Raises:
+        TypeError: `filter_` is none of the above, or a function taking neither one nor
+            two positional arguments.
 
     Examples:
         >>> from pytree_filter import to_predicate, is_array
         >>> import jax.numpy as jnp
         >>> predicate = to_predicate(is_array)
         >>> predicate(("layers", 0), jnp.ones(2)), predicate(("name",), "mlp")
+        (True, False)
+        >>> in_layers = to_predicate(lambda path, x: path[0] == "layers")
+        >>> in_layers(("layers", 0), 1.0), in_layers(("head",), 1.0)
+        (True, False)
+        >>> to_predicate((int, str))((), "x"), to_predicate([float, in_layers])(("w",), 1)
         (True, False)
     """
     return as_filter(filter_)

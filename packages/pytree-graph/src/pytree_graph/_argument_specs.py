@@ -1,19 +1,131 @@
 """Specs given per argument (`shard_map`'s `in_specs`, `jit`'s `in_shardings`), resolved to
-one spec for each Variable and array of a lifted call."""
+one spec for each Variable and array of a lifted call; and specs chosen per filter
+(`StateSharding`, and `vmap`'s `StateAxes`)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+from jax.sharding import PartitionSpec, Sharding
 
-from pytree_filter import Path, path_keys, path_text
+from pytree_filter import Path, path_keys, path_text, to_predicate
 
 from ._boundary import Call
-from ._state import State
+from ._graphdef import GraphDef, build
+from ._state import State, check_everything_last, show_filter
+from ._traverse import GraphWalk
 from ._variables import Variable
 
 # A leaf with no entry in a lenient lookup (see `SpecTable.find`).
 NO_ENTRY = object()
+
+
+class FilterSpecs:
+    """Specs chosen per filter for the Variables and arrays of one argument: the base of
+    `StateAxes` and `StateSharding`.
+
+    Each leaf takes the spec of the first filter it matches (a Variable type, `...`, a
+    predicate on the leaf, a filter object such as `PathContains`, which sees the leaf's
+    path within the argument, or a tuple of filters, matching a leaf any of them
+    matches).
+
+    Arguments:
+        specs: `{filter: spec}`, in order.
+    """
+
+    __slots__ = ("_items", "_predicates")
+
+    def __init__(self, specs: Mapping[Any, Any]):
+        name = type(self).__name__
+        if not isinstance(specs, Mapping) or not specs:
+            raise TypeError(
+                f"{name} expects a non-empty dict {{filter: spec}}, e.g. "
+                f"{name}({{Param: ..., ...: ...}}); got {specs!r}."
+            )
+        for spec in specs.values():
+            self.check_spec(spec)
+        check_everything_last(tuple(specs))
+        self._items = tuple(specs.items())
+        # A tuple of filters is any of them (`to_predicate` reads it so, as Flax NNX does).
+        self._predicates = tuple(map(to_predicate, specs))
+
+    def check_spec(self, spec: Any) -> None:
+        """Raise `TypeError` for a value that is not a spec (a subclass says which are)."""
+
+    def items(self) -> tuple[tuple[Any, Any], ...]:
+        """`(filter, spec)` pairs, in order."""
+        return self._items
+
+    def spec_of(self, path: Path, leaf: Any, transform: str) -> Any:
+        """The spec of the leaf at `path` (within its argument).
+
+        Raises:
+            ValueError: no filter matches it.
+        """
+        for predicate, (_, spec) in zip(self._predicates, self._items, strict=True):
+            if predicate(path, leaf):
+                return spec
+        raise ValueError(
+            f"{transform}: no filter of {self!r} matches the {type(leaf).__name__} at "
+            f"{path_text(path)}. Every Variable and array of the argument needs one: add a "
+            "filter for it, or end with `...` for the rest."
+        )
+
+    def show_spec(self, spec: Any) -> str:
+        """One spec as `repr` shows it."""
+        return repr(spec)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{show_filter(f)}: {self.show_spec(s)}" for f, s in self._items)
+        return f"{type(self).__name__}({{{shown}}})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._items == other._items
+
+    def __hash__(self) -> int:
+        return hash((type(self), self._items))
+
+
+class StateSharding(FilterSpecs):
+    """Shardings chosen per filter, for one argument of `jit` (`in_shardings`,
+    `out_shardings`), as Flax NNX's `nnx.StateSharding`.
+
+    Each Variable and array of the argument takes the sharding of the first filter it
+    matches (see `StateAxes` for the filters); end with `...` for the rest.
+
+    Arguments:
+        shardings: `{filter: sharding}`, in order; a sharding is a
+            `jax.sharding.Sharding`, a `PartitionSpec` (under `jax.set_mesh`), or None
+            (laid out by the compiler).
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from jax.sharding import Mesh, NamedSharding, PartitionSpec
+        >>> from pytree_module import Module
+        >>> from pytree_graph import BatchStat, Param, StateSharding, jit
+        >>> class Norm(Module):
+        ...     def __init__(self):
+        ...         self.scale = Param(jnp.ones(4))
+        ...         self.mean = BatchStat(jnp.zeros(4))
+        >>> mesh = Mesh(jax.devices()[:1], ("data",))
+        >>> shardings = StateSharding({Param: NamedSharding(mesh, PartitionSpec("data")),
+        ...                            ...: None})
+        >>> step = jit(lambda m: m.scale.value + m.mean.value, in_shardings=(shardings,))
+        >>> step(Norm()).tolist()
+        [1.0, 1.0, 1.0, 1.0]
+    """
+
+    __slots__ = ()
+
+    def __init__(self, shardings: Mapping[Any, Any]):
+        super().__init__(shardings)
+
+    def check_spec(self, spec: Any) -> None:
+        if spec is not None and not isinstance(spec, Sharding | PartitionSpec):
+            raise TypeError(
+                "StateSharding: a sharding must be a jax.sharding.Sharding, a "
+                f"PartitionSpec or None, got {spec!r}."
+            )
 
 
 class SpecTable:
@@ -32,11 +144,14 @@ class SpecTable:
         TypeError: a leaf of `spec` is not a spec.
     """
 
-    __slots__ = ("by_path", "where")
+    __slots__ = ("by_filter", "by_path", "where")
 
     def __init__(self, spec: Any, is_spec: Callable[[Any], bool], where: str, expected: str):
         self.where = where
         self.by_path: dict[Path, Any] = {}
+        self.by_filter = spec if isinstance(spec, StateSharding) else None
+        if self.by_filter is not None:
+            return
         if is_spec(spec):  # one spec for the whole argument
             self.by_path[()] = spec
             return
@@ -58,12 +173,20 @@ class SpecTable:
 
     def find(self, path: Path, leaf: Any, strict: bool = True) -> Any:
         """The spec of the leaf at `path` (relative to the argument): the entry at `path`
-        or at the nearest path above it.
+        or at the nearest path above it; for a `StateSharding`, that of the first filter
+        the leaf matches.
 
         Raises:
             ValueError: (`strict`) no entry covers `path`; without `strict`, `NO_ENTRY` is
                 returned instead.
         """
+        if self.by_filter is not None:
+            try:
+                return self.by_filter.spec_of(path, leaf, self.where)
+            except ValueError:
+                if strict:
+                    raise
+                return NO_ENTRY
         for length in range(len(path), -1, -1):
             found = self.by_path.get(path[:length], NO_ENTRY)
             if found is not NO_ENTRY:
@@ -77,6 +200,14 @@ class SpecTable:
             "`pytree_graph.get_named_sharding(model, mesh)`, after any change to the "
             "model's structure), or give one spec for the whole argument."
         )
+
+
+def leaves_of(graphdef: GraphDef, values: list[Any]) -> list[Any]:
+    """The Variables and arrays of a graph built from `graphdef` and `values` (in leaf
+    order): what a filter of a `StateSharding` is tested on, while tracing."""
+    walk = GraphWalk()
+    walk.graphdef(build(graphdef, values))
+    return walk.leaves
 
 
 class PerArgumentSpecs:
@@ -106,6 +237,13 @@ class PerArgumentSpecs:
         self.is_spec = is_spec
         self.expected = expected
         self._tables: dict[int, SpecTable] = {}
+
+    @property
+    def by_filter(self) -> bool:
+        """Whether a spec is chosen per filter (a `StateSharding`): finding it needs the
+        leaves, not only their paths."""
+        specs = self.specs if isinstance(self.specs, tuple) else (self.specs,)
+        return any(isinstance(spec, StateSharding) for spec in specs)
 
     def table(self, argument: Any, num_args: int) -> SpecTable:
         """The table of positional argument `argument` of a call with `num_args` of them.

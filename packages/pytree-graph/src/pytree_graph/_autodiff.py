@@ -2,21 +2,128 @@
 
 import functools
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 import jax
 
-from pytree_filter import is_inexact_array_like, path_text, to_predicate
+from pytree_filter import to_predicate
 from pytree_transforms.extend import BindsAsMethod
 
-from ._aliases import check_one_spec, lift_recording_aliases
-from ._boundary import Call, Inside, holds_modules
+from ._aliases import lift_recording_aliases
+from ._boundary import Call, Inside
 from ._errors import check_callable
-from ._lift import LiftedCall, value_of
-from ._records import DICT, LEAF, LIST, PYTREE, TUPLE, VARIABLE
-from ._state import State
-from ._variables import Param, Variable
+from ._tangents import Differentiated
+from ._variables import Param
+
+
+class DiffState:
+    """What to differentiate in one argument of `grad` or `value_and_grad` (or, in
+    `custom_vjp`'s `nondiff_argnums`, which Variables of a Module argument are
+    differentiable): the argument's position and a filter of its Variables.
+
+    Give it in `argnums`, alone or in a tuple with ints: plain ints use the `wrt=`
+    filter (by default `Param`), each DiffState its own, so two arguments can be
+    differentiated with respect to different parts.
+
+    Arguments:
+        argnum: the positional argument (an int; negative counts from the end).
+        filter: a filter of its Variables: a Variable type, `...`, a filter object such
+            as `PathContains("head")` (which sees the path within the argument), or a
+            predicate on the leaf.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_filter import PathContains
+        >>> from pytree_module import Module
+        >>> from pytree_graph import DiffState, Param, grad
+        >>> class Net(Module):
+        ...     def __init__(self):
+        ...         self.body = Param(jnp.array(1.0))
+        ...         self.head = Param(jnp.array(2.0))
+        >>> grads = grad(lambda m: m.body.value * m.head.value,
+        ...              argnums=DiffState(0, PathContains("head")))(Net())
+        >>> list(grads), float(grads["head"].value)
+        (['head'], 1.0)
+    """
+
+    __slots__ = ("_predicate", "argnum", "filter")
+
+    def __init__(self, argnum: int, filter: Any):
+        if not isinstance(argnum, int) or isinstance(argnum, bool):
+            raise TypeError(
+                f"DiffState: argnum must be the int position of an argument, got {argnum!r}."
+            )
+        self.argnum = argnum
+        self.filter = filter
+        self._predicate = to_predicate(filter)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is DiffState and (self.argnum, self.filter) == (
+            other.argnum,
+            other.filter,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.argnum, self.filter))
+
+    def __repr__(self) -> str:
+        return f"DiffState({self.argnum}, {_name(self.filter)})"
+
+
+def parse_argnums(transform: str, option: str, argnums: Any, default: Any) -> tuple:
+    """`(single, entries)`: whether `argnums` named one argument, and for each argument
+    `(argnum, selector)` (see `_tangents.Selector`), a DiffState's filter or `default`.
+
+    Raises:
+        TypeError: an entry is neither an int nor a DiffState, or none is given.
+        ValueError: two entries name the same argument.
+    """
+    single = isinstance(argnums, int | DiffState)
+    items = (argnums,) if single else tuple(argnums) if isinstance(argnums, list | tuple) else None
+    if not items or not all(
+        isinstance(a, DiffState) or (isinstance(a, int) and not isinstance(a, bool)) for a in items
+    ):
+        raise TypeError(
+            f"{transform}: {option} must be an int, a DiffState, or a non-empty tuple of "
+            f"them, got {argnums!r}."
+        )
+    entries = []
+    for item in items:
+        if isinstance(item, DiffState):
+            entries.append((item.argnum, (item._predicate, repr(item))))
+        else:
+            entries.append((item, default))
+    check_distinct(transform, option, [a for a, _ in entries])
+    return single, tuple(entries)
+
+
+def check_distinct(transform: str, option: str, argnums: list[int]) -> None:
+    """Refuse an argument named twice in `argnums` (after negative ones are resolved)."""
+    seen = set()
+    for argnum in argnums:
+        if argnum in seen:
+            raise ValueError(
+                f"{transform}: {option} names argument {argnum} twice. Name each argument "
+                "once, with one filter (a DiffState, or an int for the default)."
+            )
+        seen.add(argnum)
+
+
+def resolve_argnums(transform: str, option: str, argnums: list[int], num_args: int) -> list:
+    """`argnums` as positions in a call with `num_args` positional arguments.
+
+    Raises:
+        ValueError: an argnum is out of range, or two name the same argument.
+    """
+    for argnum in argnums:
+        if not -num_args <= argnum < num_args:
+            raise ValueError(
+                f"{transform}: {option} names argument {argnum}, out of range for a call "
+                f"with {num_args} positional argument(s)."
+            )
+    resolved = [a % num_args for a in argnums]
+    check_distinct(transform, option, resolved)
+    return resolved
 
 
 class _GraphValueAndGrad(BindsAsMethod):
@@ -25,23 +132,27 @@ class _GraphValueAndGrad(BindsAsMethod):
     def __init__(
         self,
         fun: Callable[..., Any],
-        argnums: int | Sequence[int],
+        argnums: Any,
         has_aux: bool,
         wrt: Any,
         transform: str,
         grad_kwargs: dict[str, Any],
     ):
         self._call = call = Call(fun)
-        self._single = isinstance(argnums, int)
-        self._argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-        if not all(isinstance(a, int) for a in self._argnums) or not self._argnums:
-            raise TypeError(
-                f"{transform}: argnums must be an int or a non-empty sequence of ints, got "
-                f"{argnums!r}."
+        self._single, self._entries = parse_argnums(
+            transform, "argnums", argnums, (to_predicate(wrt), f"wrt={_name(wrt)}")
+        )
+        given = argnums if isinstance(argnums, tuple | list) else (argnums,)
+        if wrt is not Param and any(isinstance(a, DiffState) for a in given):
+            raise ValueError(
+                f"{transform}: argnums holds a DiffState and wrt={_name(wrt)} is given too: "
+                "say what to differentiate in one place. Give each argument its filter "
+                "with DiffState(argnum, filter) (plain int argnums use Param), or use int "
+                "argnums with wrt=."
             )
+        uses_wrt = not all(isinstance(a, DiffState) for a in given)
+        self._option = f"argnums={argnums!r}" + (f" (with wrt={_name(wrt)})" if uses_wrt else "")
         self._has_aux = has_aux
-        self._wrt = to_predicate(wrt)
-        self._wrt_spec = wrt
         self._transform = transform
 
         def pure(diff: list[Any], other: list[Any], graphdef: Any, selected: tuple) -> Any:
@@ -65,124 +176,37 @@ class _GraphValueAndGrad(BindsAsMethod):
         functools.update_wrapper(self, fun, updated=())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        for argnum in self._argnums:
-            if not -len(args) <= argnum < len(args):
-                raise ValueError(
-                    f"{self._transform}: argnums={argnum} is out of range for a call with "
-                    f"{len(args)} positional argument(s)."
-                )
-        argnums = tuple(a % len(args) for a in self._argnums)
-        lifted, walk = lift_recording_aliases(self._call.tree(args, kwargs))
-        graph_args = {k: holds_modules(args[k]) for k in argnums}
-        selected = tuple(map(partial(self._selects, graph_args), lifted.paths, lifted.leaves))
-        check_one_spec(
-            self._transform,
-            f"argnums={self._argnums if not self._single else self._argnums[0]} (with "
-            f"wrt={_name(self._wrt_spec)})",
-            self._call,
-            walk,
-            partial(self._selects, graph_args),
-            "Its gradient through one argument would leave out its use through the other. "
-            "Differentiate every argument that holds it (e.g. argnums=(0, 1); its gradient "
-            "comes with the first), or pass separate objects (e.g. "
-            "`pytree_graph.clone(model)`).",
-            show_spec=_show_differentiated,
+        argnums = resolve_argnums(
+            self._transform, "argnums", [a for a, _ in self._entries], len(args)
         )
+        selectors = dict(zip(argnums, (s for _, s in self._entries), strict=True))
+        differentiated = Differentiated(self._transform, self._call, args, selectors)
+        lifted, walk = lift_recording_aliases(self._call.tree(args, kwargs))
+        selected = differentiated.select(lifted, walk, self._option)
         diff = [v for v, s in zip(lifted.values, selected, strict=True) if s]
         other = [v for v, s in zip(lifted.values, selected, strict=True) if not s]
         grads, (value, outcome, out_values) = self._grad(diff, other, lifted.graphdef, selected)
         aux = lifted.apply(outcome, out_values)
-        by_position = dict(zip((p for p, s in enumerate(selected) if s), grads, strict=True))
-        results = tuple(self._gradient_of(lifted, k, graph_args[k], by_position) for k in argnums)
+        by_argument = differentiated.gradients(lifted, selected, grads)
+        results = tuple(by_argument[k] for k in argnums)
         gradient = results[0] if self._single else results
         return ((value, aux) if self._has_aux else value), gradient
-
-    def _selects(self, graph_args: dict[int, bool], path: tuple, leaf: Any) -> bool:
-        """Whether the leaf at `path` (of the lifted tree) is differentiated there.
-
-        Python floats count as floating-point values: `jax.grad` makes them arrays.
-        """
-        argument, relative = self._call.split_path(path)
-        if argument not in graph_args:
-            return False
-        value = value_of(leaf)
-        if not graph_args[argument]:
-            return is_inexact_array_like(value)
-        if not self._wrt(relative, leaf):
-            return False
-        if not is_inexact_array_like(value):
-            kind = type(leaf).__name__
-            raise TypeError(
-                f"{self._transform}: the {kind} at {path_text(relative)} of argument "
-                f"{argument} matches wrt={_name(self._wrt_spec)} but holds "
-                f"{_describe(value)}, which has no gradient (only floating-point values "
-                "do). Narrow `wrt=` to leave it out, e.g. `wrt=Param` with the integer "
-                "state in another Variable type."
-            )
-        return True
-
-    def _gradient_of(
-        self,
-        lifted: LiftedCall,
-        argument: int,
-        is_graph: bool,
-        by_position: dict[int, Any],
-    ) -> Any:
-        """The gradient for one argument: a State for one holding Modules, else its shape."""
-        split = self._call.split_path
-        if is_graph:
-            flat = {}
-            for position, grad in by_position.items():
-                arg, relative = split(lifted.paths[position])
-                if arg == argument:
-                    leaf = lifted.leaves[position]
-                    flat[relative] = (
-                        leaf._pg_flat[1]((grad,)) if isinstance(leaf, Variable) else grad
-                    )
-            return State.from_flat_path(flat)
-        return _rebuild(self._call.argument_record(lifted.graphdef, argument), by_position)
-
-
-def _rebuild(record: tuple, grads: dict[int, Any]) -> Any:
-    """A gradient shaped like the argument `record` describes (Variables holding their
-    gradient), with None where nothing was differentiated."""
-    tag = record.tag
-    if tag == LEAF:
-        return grads.get(record.position)
-    if tag == VARIABLE:
-        grad = grads.get(record.position)
-        return None if grad is None else record.kind((grad,))
-    if tag == LIST:
-        return [_rebuild(r, grads) for r in record.children]
-    if tag == TUPLE:
-        return tuple(_rebuild(r, grads) for r in record.children)
-    if tag == DICT:
-        return {k: _rebuild(r, grads) for k, r in zip(record.keys, record.children, strict=True)}
-    if tag == PYTREE:
-        return record.treedef.unflatten([_rebuild(r, grads) for r in record.children])
-    return None
-
-
-def _show_differentiated(selected: bool) -> str:
-    return "differentiated" if selected else "not differentiated"
 
 
 def _name(spec: Any) -> str:
     return "..." if spec is ... else getattr(spec, "__name__", repr(spec))
 
 
-def _describe(value: Any) -> str:
-    dtype = getattr(value, "dtype", None)
-    return f"{dtype} values" if dtype is not None else f"a {type(value).__name__}"
-
-
 _ARGUMENTS_DOC = """
     Arguments:
         fun: the function, returning a scalar (or `(scalar, aux)` with `has_aux`).
-        argnums: which positional argument(s) to differentiate (an int or a tuple).
+        argnums: which positional argument(s) to differentiate: an int, a
+            `DiffState(argnum, filter)` (that argument, with its own filter instead of
+            `wrt`), or a tuple of them.
         has_aux: whether `fun` returns `(value, aux)`; `aux` may hold any objects,
             Modules and Variables included.
-        wrt: filter of what to differentiate in arguments holding Modules: a Variable
+        wrt: filter of what to differentiate in arguments holding Modules (those given
+            as ints in `argnums`; not with a DiffState, which says it): a Variable
             type (default `Param`), `...`, a filter object (e.g. `PathContains`, which
             sees paths), or a predicate `f(leaf) -> bool`.
             Other arguments (arrays, dicts of arrays, States, Variables) have every
@@ -195,7 +219,7 @@ _ARGUMENTS_DOC = """
 def value_and_grad(
     fun: Callable[..., Any] | None = None,
     *,
-    argnums: int | Sequence[int] = 0,
+    argnums: int | DiffState | Sequence[int | DiffState] = 0,
     has_aux: bool = False,
     wrt: Any = Param,
     **grad_kwargs: Any,
@@ -229,7 +253,7 @@ def value_and_grad(
 def grad(
     fun: Callable[..., Any] | None = None,
     *,
-    argnums: int | Sequence[int] = 0,
+    argnums: int | DiffState | Sequence[int | DiffState] = 0,
     has_aux: bool = False,
     wrt: Any = Param,
     **grad_kwargs: Any,

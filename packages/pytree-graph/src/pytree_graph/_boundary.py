@@ -162,6 +162,7 @@ class _After:
         "args_record",
         "arrays_replaced",
         "changed",
+        "leaves",
         "num_leaves",
         "num_objects",
         "objects",
@@ -198,6 +199,7 @@ class _After:
         self.out_record = walk.visit(out, ("<output>",))
         self.out_values = list(map(value_of, walk.leaves[self.num_leaves :]))
         self.paths = walk.paths  # the arguments' leaves, then the output's
+        self.leaves = walk.leaves  # the Variables and arrays at those paths
         self.objects = walk.objects
         self.num_objects = len(walk.objects)
 

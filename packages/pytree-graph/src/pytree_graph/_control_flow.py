@@ -10,21 +10,35 @@ Each lifts its operands, carry or scanned values (`lift_once`), rebuilds them in
 (`Inside`), and ends with `LiftedCall.apply`. The branches, and scan over `xs`, describe
 their writes with `Inside.finish`; a loop's carry is checked and passed from step to step
 by `_carried` instead, and written back once, after the loop (`_write_back`).
+
+`scan` without `init` is Flax NNX's form (`_GraphScan`): the arguments are lifted as one
+graph, each leaf gets a role from `in_axes` (carried, scanned over an axis, or the same
+every step), and a step's arguments after the call (the carry argument replaced by the
+carry returned) must have the structure they came in with.
 """
 
-from collections.abc import Callable, Sequence
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from pytree_module import Module
+from pytree_transforms.extend import BindsAsMethod
 
-from ._boundary import Inside
-from ._graphdef import build
+from ._aliases import check_one_spec, lift_recording_aliases, show_argument_path
+from ._boundary import Call, Inside
+from ._carry import Carry, numbers_as_arrays, show_axis
+from ._errors import check_callable
+from ._graphdef import Builder, GraphDef, build
 from ._lift import LiftedCall, lift_once, value_of
+from ._outcome import ValuesChanged
+from ._transform_metadata import TransformMetadata
 from ._traverse import GraphWalk
 from ._variables import Variable
+from ._vmap import StateAxes, argument_leaves, check_output_items, place_axis, spec_at
 
 
 def _branch(fun: Callable[..., Any], lifted: LiftedCall, transform: str) -> Callable[..., Any]:
@@ -107,27 +121,6 @@ def switch(index: Any, branches: Sequence[Callable[..., Any]], *operands: Any) -
     return _finish(lifted, result)
 
 
-_PYTHON_NUMBERS = (bool, int, float, complex)
-
-
-def _is_python_number(value: Any) -> bool:
-    return type(value) in _PYTHON_NUMBERS
-
-
-def _stops(value: Any) -> bool:
-    return isinstance(value, Module | Variable)
-
-
-def _numbers_as_arrays(carry: Any) -> Any:
-    """A loop carry with its Python numbers made (weakly typed) arrays, as `jax.lax`
-    loops make them: they are the loop's state, not static values. Numbers inside
-    Modules and Variables are left as they are (Module attributes are static)."""
-    leaves, treedef = jax.tree_util.tree_flatten(carry, is_leaf=_stops)
-    if not any(map(_is_python_number, leaves)):
-        return carry
-    return treedef.unflatten([jnp.asarray(x) if _is_python_number(x) else x for x in leaves])
-
-
 def _carried(lifted: LiftedCall, value: Any, transform: str, what: str) -> list[Any]:
     """The values of a loop carry, checking it kept the structure it came in with.
 
@@ -138,7 +131,7 @@ def _carried(lifted: LiftedCall, value: Any, transform: str, what: str) -> list[
     step. The caller's objects are written once, after the loop (`_write_back`).
     """
     walk = GraphWalk()
-    graphdef = walk.graphdef(_numbers_as_arrays(value))
+    graphdef = walk.graphdef(numbers_as_arrays(value))
     if graphdef != lifted.graphdef:
         raise ValueError(
             f"{transform}: {what} must return a carry of the same structure as the initial "
@@ -207,7 +200,7 @@ def fori_loop(
         >>> fori_loop(0, 5, body, acc) is acc, int(acc.total.value)
         (True, 10)
     """
-    lifted = lift_once(_numbers_as_arrays(init_val))
+    lifted = lift_once(numbers_as_arrays(init_val))
     body = _loop_body(body_fun, lifted, "fori_loop")
     final = jax.lax.fori_loop(lower, upper, body, lifted.values, **kwargs)
     return _write_back(lifted, final, "fori_loop")
@@ -238,7 +231,7 @@ def while_loop(
         >>> int(v.value)
         128
     """
-    lifted = lift_once(_numbers_as_arrays(init_val))
+    lifted = lift_once(numbers_as_arrays(init_val))
 
     def condition(values: list[Any]) -> Any:
         inside = Inside(lifted.graphdef, values)
@@ -256,51 +249,149 @@ def while_loop(
     return _write_back(lifted, final, "while_loop")
 
 
+_NO_INIT: Any = object()  # `scan` called without `init`: the form with `in_axes`
+
+
 def scan(
-    f: Callable[[Any, Any], tuple[Any, Any]],
-    init: Any,
+    f: Callable[..., Any] | None = None,
+    init: Any = _NO_INIT,
     xs: Any = None,
     length: int | None = None,
     reverse: bool = False,
     unroll: int | bool = 1,
+    *,
+    in_axes: Any = _NO_INIT,
+    out_axes: Any = _NO_INIT,
+    transform_metadata: Mapping[str, Any] | None = None,
     **kwargs: Any,
-) -> tuple[Any, Any]:
-    """`jax.lax.scan` whose carry and scanned values may hold Modules and Variables.
+) -> Any:
+    """`jax.lax.scan` for Modules and Variables, in two forms: `jax.lax.scan`'s and Flax
+    NNX's.
 
-    The carry (e.g. a model updated step by step) keeps its structure; `xs` may hold
-    Modules whose Variables have a leading axis (e.g. a stack of layers), each step
-    getting the Module with one slice of every Variable. Variables written inside are
-    written back: the carry's final values, and, for the scanned objects, every step's
-    values stacked.
+    **With `init`** (`scan(f, init, xs)`, as `jax.lax.scan`) it runs the loop:
+    `f(carry, x) -> (carry, y)`, the carry (e.g. a model updated step by step) keeping
+    its structure, and `xs` may hold Modules whose Variables have a leading axis (e.g. a
+    stack of layers), each step getting the Module with one slice of every Variable.
+
+    **Without `init`** (`scan(f, in_axes=..., out_axes=...)`, or as a decorator) it
+    returns the scanned function, called with the arguments of one step, as `nnx.scan`:
+    `in_axes` gives each positional argument a role: `Carry` (the loop's carry, at most
+    one), an int (scanned over that axis, one slice per step), `None` (the same every
+    step) or a `StateAxes` (a role per filter, e.g. `StateAxes({BatchStat: Carry,
+    ...: 0})` for layers whose running statistics are carried). `out_axes` says what
+    the function returns: `Carry` (the next carry), an int (an output stacked along
+    that axis), or a tuple of them, one per output (`(Carry, 0)`: a pair `(carry, y)`).
+    The defaults, `(Carry, 0)` both, give `f(carry, x) -> (carry, y)`.
+
+    In both forms Variables written inside are written back: the carry's final values,
+    and, for scanned objects, every step's values stacked. The structure of what comes
+    in must not change inside, and a `Carry` output must have the structure (and the
+    objects) of the `Carry` argument. A Variable in a broadcast (`None`) argument must
+    not be written: it would take one value for every step, which a loop cannot give
+    (Flax NNX drops such writes silently); carry it instead.
+
+    The two forms are told apart by `init` alone: `scan(f, init, xs)` and
+    `scan(f, init=...)` are `jax.lax.scan`'s (`init` may be `None`, for no carry);
+    `scan(f)`, `scan(f, in_axes=...)` and `scan(in_axes=...)` return a scanned function.
+    Giving both `init` and `in_axes`/`out_axes`/`transform_metadata`, or `xs` without
+    `init`, raises `TypeError`.
 
     Arguments:
-        f: `f(carry, x) -> (carry, y)`.
+        f: `f(carry, x) -> (carry, y)` with `init`; otherwise the function of one step,
+            whose arguments and output `in_axes` and `out_axes` describe. Omit it (and
+            `init`) to get a decorator.
         init: the initial carry (Python numbers in it are carried as arrays).
         xs: what to scan over, along the leading axis of every array and Variable.
-        length: the number of steps, when `xs` has no arrays.
+        length: the number of steps, when nothing is scanned over.
         reverse: scan from the end.
         unroll: how many steps to unroll in the compiled loop.
+        in_axes: (without `init`) one role for every positional argument, or a tuple
+            with one per argument. Default `(Carry, 0)`.
+        out_axes: (without `init`) what the function returns: `Carry`, an int, a
+            `StateAxes` of ints (for an output holding Variables), or a tuple of those.
+            Default `(Carry, 0)`.
+        transform_metadata: (without `init`) `{PARTITION_NAME: name}`: the scanned
+            Variables' `sharding` metadata names the scanned axis `name` (as `vmap` with
+            the same option makes it), which is taken out inside the function and put
+            back after; Variables it returns get it at their `out_axes`.
         **kwargs: passed on to `jax.lax.scan`.
 
     Returns:
-        `(carry, ys)`: the final carry (the caller's objects, updated) and the stacked
-        outputs.
+        With `init`, `(carry, ys)`: the final carry (the caller's objects, updated) and
+        the stacked outputs. Without, the scanned function (or a decorator).
+
+    Raises:
+        TypeError: an ambiguous call (see above), or axes that are not roles.
 
     Examples:
-        >>> import jax.numpy as jnp
+        >>> import jax, jax.numpy as jnp
         >>> from pytree_module import Module
-        >>> from pytree_graph import Param, scan
+        >>> import pytree_graph as pg
         >>> class Layer(Module):
         ...     def __init__(self, w):
-        ...         self.w = Param(w)
+        ...         self.w = pg.Param(w)
         ...     def __call__(self, x):
         ...         return x * self.w.value
         >>> stack = Layer(jnp.array([1.0, 2.0, 3.0]))  # three layers, stacked
-        >>> y, _ = scan(lambda x, layer: (layer(x), None), jnp.array(1.0), stack)
+        >>> y, _ = pg.scan(lambda x, layer: (layer(x), None), jnp.array(1.0), stack)
         >>> float(y)
         6.0
+
+        The same loop, written as Flax NNX writes it:
+
+        >>> @pg.scan(in_axes=(pg.Carry, 0), out_axes=pg.Carry)
+        ... def forward(x, layer):
+        ...     return layer(x)
+        >>> float(forward(jnp.array(1.0), stack))
+        6.0
     """
-    carry_lifted = lift_once(_numbers_as_arrays(init))
+    nnx_form = {"in_axes": in_axes, "out_axes": out_axes}
+    given = [name for name, value in nnx_form.items() if value is not _NO_INIT]
+    if transform_metadata is not None:
+        given.append("transform_metadata")
+    if init is not _NO_INIT:
+        if given:
+            raise TypeError(
+                f"scan: got both `init` (the jax.lax.scan form, `scan(f, init, xs)`, which "
+                f"runs the loop) and {', '.join(f'`{n}`' for n in given)} (the form that "
+                "returns a scanned function). Use one: `scan(f, init, xs)`, or "
+                "`scan(f, in_axes=(Carry, 0), out_axes=(Carry, 0))(init, xs)`."
+            )
+        if f is None:
+            raise TypeError("scan: `f` is missing: `scan(f, init, xs)`.")
+        return _scan_carry_and_xs(f, init, xs, length, reverse, unroll, **kwargs)
+    if xs is not None:
+        raise TypeError(
+            "scan: got `xs` but no `init`. The jax.lax.scan form takes both, "
+            "`scan(f, init, xs)` (`init=None` for no carry); the form with `in_axes` "
+            "takes neither: `scan(f, in_axes=...)(carry, xs)`."
+        )
+    options = {
+        "in_axes": (Carry, 0) if in_axes is _NO_INIT else in_axes,
+        "out_axes": (Carry, 0) if out_axes is _NO_INIT else out_axes,
+        "transform_metadata": transform_metadata,
+        "length": length,
+        "reverse": reverse,
+        "unroll": unroll,
+        **kwargs,
+    }
+    if f is None:
+        return functools.partial(scan, **options)
+    check_callable(f, "scan")
+    return _GraphScan(f, **options)
+
+
+def _scan_carry_and_xs(
+    f: Callable[[Any, Any], tuple[Any, Any]],
+    init: Any,
+    xs: Any,
+    length: int | None,
+    reverse: bool,
+    unroll: int | bool,
+    **kwargs: Any,
+) -> tuple[Any, Any]:
+    """`scan(f, init, xs)`: the `jax.lax.scan` form."""
+    carry_lifted = lift_once(numbers_as_arrays(init))
     xs_lifted = lift_once(xs)
     both = {id(o) for o in carry_lifted.objects} & {id(o) for o in xs_lifted.objects}
     if both:
@@ -347,3 +438,324 @@ def scan(
     xs_lifted.apply(x_outcome, written)
     carry = _write_back(carry_lifted, final, "scan")
     return carry, build(y_graphdef, y_values)
+
+
+def _check_role(spec: Any, where: str, output: bool) -> None:
+    if spec is Carry or (isinstance(spec, int) and not isinstance(spec, bool)):
+        return
+    if spec is None and not output:
+        return
+    if spec is None:
+        raise TypeError(
+            f"scan: {where} is None, but an output cannot be broadcast: each step gives "
+            "its own. Stack it along an axis (an int), or make it the carry (Carry)."
+        )
+    if isinstance(spec, StateAxes):
+        for _, axis in spec.items():
+            if output and (axis is None or axis is Carry):
+                raise TypeError(
+                    f"scan: {where} is {spec!r}, but an output's StateAxes takes ints only "
+                    "(the axis each of its Variables is stacked along)."
+                )
+        return
+    raise TypeError(
+        f"scan: {where} must be Carry, an int, None (in_axes only) or a StateAxes, got {spec!r}."
+    )
+
+
+def _check_roles(axes: Any, option: str, output: bool) -> Any:
+    """`in_axes` or `out_axes` of `scan`: one role, or a tuple with one per item."""
+    if isinstance(axes, list):
+        axes = tuple(axes)
+    items = axes if isinstance(axes, tuple) else (axes,)
+    for i, spec in enumerate(items):
+        _check_role(spec, f"{option}[{i}]" if isinstance(axes, tuple) else option, output)
+    if sum(spec is Carry for spec in items) > 1:
+        raise ValueError(
+            f"scan: {option} has Carry more than once ({axes!r}); a loop has one carry: "
+            "make it a tuple of what is carried."
+        )
+    return axes
+
+
+def _carry_index(axes: Any) -> int | None:
+    """The position of `Carry` in `in_axes` or `out_axes` (0 when it is all of it)."""
+    if axes is Carry:
+        return 0
+    if isinstance(axes, tuple) and Carry in axes:
+        return axes.index(Carry)
+    return None
+
+
+class _StepInfo:
+    """What a traced step of `scan` found out (a static pytree, returned by the loop):
+    the positions of the carried leaves that change and of the scanned leaves it wrote,
+    and the structure of its stacked output and the axis of each of its values."""
+
+    __slots__ = ("carried_changed", "written", "y_axes", "y_graphdef")
+
+    def __init__(
+        self,
+        carried_changed: tuple[int, ...],
+        written: tuple[int, ...],
+        y_graphdef: GraphDef,
+        y_axes: tuple,
+    ):
+        self.carried_changed = carried_changed
+        self.written = written
+        self.y_graphdef = y_graphdef
+        self.y_axes = y_axes
+
+    def _key(self) -> tuple:
+        return (self.carried_changed, self.written, self.y_graphdef, self.y_axes)
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _StepInfo and self._key() == other._key()
+
+
+jax.tree_util.register_static(_StepInfo)
+
+
+def _with_argument(call: Call, tree: tuple, index: int, value: Any) -> tuple:
+    """A call's tree (see `Call.tree`) with positional argument `index` replaced."""
+    at = 1 if call.lift_fun else 0
+    args = list(tree[at])
+    args[index] = value
+    return (*tree[:at], tuple(args), *tree[at + 1 :])
+
+
+class _GraphScan(BindsAsMethod):
+    """The function `scan` returns without `init`: one step's function, scanned."""
+
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        in_axes: Any,
+        out_axes: Any,
+        transform_metadata: Mapping[str, Any] | None,
+        **scan_kwargs: Any,
+    ):
+        self._call = Call(fun)
+        self._in_axes = _check_roles(in_axes, "in_axes", output=False)
+        self._out_axes = _check_roles(out_axes, "out_axes", output=True)
+        self._carry_in = _carry_index(self._in_axes)
+        self._carry_out = _carry_index(self._out_axes)
+        if (self._carry_in is None) != (self._carry_out is None):
+            raise ValueError(
+                "scan: Carry must be in both in_axes and out_axes, or in neither: the "
+                "argument carried in is the output carried out, step after step (got "
+                f"in_axes={self._show(self._in_axes)}, out_axes={self._show(self._out_axes)})."
+            )
+        self._metadata = (
+            None if transform_metadata is None else TransformMetadata(transform_metadata, "scan")
+        )
+        self._scan_kwargs = scan_kwargs
+        functools.update_wrapper(self, fun, updated=())
+
+    @staticmethod
+    def _show(axes: Any) -> str:
+        if isinstance(axes, tuple):
+            return "(" + ", ".join(map(show_axis, axes)) + ("," if len(axes) == 1 else "") + ")"
+        return show_axis(axes)
+
+    def _role_of_argument(self, argument: Any) -> Any:
+        if argument is None:
+            return None  # the function itself is the same every step
+        if isinstance(self._in_axes, tuple):
+            return self._in_axes[argument]
+        return self._in_axes
+
+    def _positional(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
+        """`args` with the keyword arguments bound to their positions (each argument's role
+        is given by position in `in_axes`), as Flax NNX does."""
+        try:
+            bound = inspect.signature(self.__wrapped__).bind(*args, **kwargs)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"scan: keyword argument(s) {sorted(kwargs)} could not be bound to positions "
+                f"of {getattr(self.__wrapped__, '__name__', 'the function')} ({error}); pass "
+                "every argument positionally, each with its role in in_axes."
+            ) from None
+        if bound.kwargs:
+            raise TypeError(
+                f"scan: keyword-only argument(s) {sorted(bound.kwargs)} have no position, so "
+                "no role in in_axes; make them positional parameters of the function."
+            )
+        return bound.args
+
+    def _check_arguments(self, args: tuple) -> None:
+        if self._in_axes is Carry and len(args) != 1:
+            raise ValueError(
+                f"scan: in_axes=Carry makes the one argument the carry, but the function "
+                f"was called with {len(args)}. Give each its role: in_axes=(Carry, 0, ...)."
+            )
+        if isinstance(self._in_axes, tuple) and len(self._in_axes) != len(args):
+            raise ValueError(
+                f"scan: in_axes has {len(self._in_axes)} entries but the function was "
+                f"called with {len(args)} positional argument(s); give one role each."
+            )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            args = self._positional(args, kwargs)
+        self._check_arguments(args)
+        call, carry_in = self._call, self._carry_in
+        if carry_in is not None:
+            args = (*args[:carry_in], numbers_as_arrays(args[carry_in]), *args[carry_in + 1 :])
+        lifted, walk = lift_recording_aliases(call.tree(args, {}))
+
+        def role_of(path: tuple, leaf: Any) -> Any:
+            argument, relative = call.split_path(path)
+            spec = self._role_of_argument(argument)
+            return spec.axis_of(relative, leaf, "scan") if isinstance(spec, StateAxes) else spec
+
+        check_one_spec(
+            "scan",
+            "in_axes",
+            call,
+            walk,
+            role_of,
+            "Give the arguments that share it the same role, or pass separate objects.",
+            show_spec=show_axis,
+        )
+        roles = list(map(role_of, lifted.paths, lifted.leaves))
+        carried = [p for p, role in enumerate(roles) if role is Carry]
+        scanned = [p for p, role in enumerate(roles) if role is not None and role is not Carry]
+        if not scanned and self._scan_kwargs.get("length") is None:
+            raise ValueError(
+                "scan: nothing is scanned over (no argument has an int in in_axes, or it "
+                "holds no arrays), so the number of steps is unknown: pass `length=`."
+            )
+        values = lifted.values
+        xs = [values[p] if roles[p] == 0 else jnp.moveaxis(values[p], roles[p], 0) for p in scanned]
+        body = self._body(lifted, roles, carried, scanned)
+        final, (written, y_values, info) = jax.lax.scan(
+            body, [values[p] for p in carried], xs, **self._scan_kwargs
+        )
+        full = list(values)
+        for position, value in zip(carried, final, strict=True):
+            full[position] = value
+        for position, value in zip(info.written, written, strict=True):
+            full[position] = place_axis(value, roles[position])
+        carry = self._write_back(lifted, full, info.carried_changed + info.written, args)
+        ys = build(
+            info.y_graphdef,
+            [place_axis(v, axis) for v, axis in zip(y_values, info.y_axes, strict=True)],
+        )
+        if self._out_axes is Carry:
+            return carry
+        if self._carry_out is not None:
+            return tuple(carry if i == self._carry_out else y for i, y in enumerate(ys))
+        return ys
+
+    def _write_back(
+        self, lifted: LiftedCall, values: list[Any], changed: tuple[int, ...], args: tuple
+    ) -> Any:
+        """Give the caller's objects the loop's final `values` (those at `changed`
+        positions are new); return the final carry, made of the caller's objects."""
+        call, carry_in, leaves = self._call, self._carry_in, lifted.leaves
+        if any(
+            not isinstance(leaves[p], Variable) and call.split_path(lifted.paths[p])[0] != carry_in
+            for p in changed
+        ):
+            # An array attribute was replaced: write every leaf, as the other loops do.
+            tree = _write_back(lifted, values, "scan")
+            return None if carry_in is None else tree[-2][carry_in]
+        variables = tuple(p for p in changed if isinstance(leaves[p], Variable))
+        lifted.apply(ValuesChanged(changed=variables), [values[p] for p in variables])
+        if carry_in is None:
+            return None
+        if isinstance(args[carry_in], Module | Variable):
+            return args[carry_in]  # its Variables hold the final values now
+        # Arrays (and objects) in a container: the caller's objects, with new arrays.
+        objects = lifted.objects
+        builder = Builder(values, list(objects), reuse=dict(enumerate(objects)))
+        return builder.visit(call.argument_record(lifted.graphdef, carry_in))
+
+    def _split_output(self, out: Any) -> tuple[Any, Any]:
+        """`(carry, ys)` of what one step returned (`ys` with None at the carry's place)."""
+        out_axes = self._out_axes
+        if out_axes is Carry:
+            return out, None
+        if isinstance(out_axes, tuple):
+            check_output_items(out_axes, out, "scan")
+            carry = None if self._carry_out is None else out[self._carry_out]
+            ys = tuple(None if i == self._carry_out else y for i, y in enumerate(out))
+            return carry, ys
+        return None, out
+
+    def _body(
+        self, lifted: LiftedCall, roles: list[Any], carried: list[int], scanned: list[int]
+    ) -> Callable[..., Any]:
+        call, metadata, carry_in = self._call, self._metadata, self._carry_in
+        broadcast = [p for p, role in enumerate(roles) if role is None]
+
+        def where(position: int) -> str:
+            return show_argument_path(call, lifted.paths[position])
+
+        def body(carry_values: list[Any], x_values: list[Any]) -> Any:
+            values = list(lifted.values)  # broadcast values: the same every step
+            for position, value in zip(carried, carry_values, strict=True):
+                values[position] = value
+            for position, value in zip(scanned, x_values, strict=True):
+                values[position] = value
+            inside = Inside(lifted.graphdef, values)
+            # Inside, a scanned Variable's `sharding` metadata names its axes without the
+            # scanned one (as its slice has them); it is named again after the step.
+            marked = []
+            if metadata is not None:
+                leaves = argument_leaves(inside)
+                for position in scanned:
+                    if isinstance(leaves[position], Variable):
+                        metadata.remove_axis(leaves[position], roles[position], where(position))
+                        marked.append((leaves[position], roles[position]))
+            out = call.run(inside.tree)
+            for leaf, axis in marked:
+                metadata.add_axis(leaf, axis)
+            carry, ys = self._split_output(out)
+            tree = inside.tree
+            if carry_in is not None:
+                tree = _with_argument(call, tree, carry_in, numbers_as_arrays(carry))
+            walk = GraphWalk()
+            if walk.graphdef(tree) != lifted.graphdef:
+                raise ValueError(
+                    "scan: after a step, the arguments (with the Carry argument replaced by "
+                    "the carry returned) do not have the structure they came in with: the "
+                    "function returned a carry of another structure than the Carry "
+                    "argument, or changed the structure of an argument (added, removed or "
+                    "replaced an attribute or submodule, or changed a Variable's metadata). "
+                    "Return the carry as it came in, with new values only, and make "
+                    "structural changes outside the loop."
+                )
+            after = list(map(value_of, walk.leaves))
+            for position in broadcast:
+                if after[position] is not values[position]:
+                    raise ValueError(
+                        f"scan: the function wrote the {type(walk.leaves[position]).__name__} "
+                        f"at {where(position)}, which in_axes broadcasts (None: the same "
+                        "value every step), so the loop cannot give it one value. Carry it "
+                        "(Carry, or StateAxes({BatchStat: Carry, ...: None}) for part of an "
+                        "argument), or scan over it (an int)."
+                    )
+            written = tuple(p for p in scanned if after[p] is not values[p])
+            y_walk = GraphWalk()
+            y_graphdef = y_walk.graphdef(ys)
+            y_axes = tuple(
+                spec_at(self._out_axes, path, leaf, "scan")
+                for path, leaf in zip(y_walk.paths, y_walk.leaves, strict=True)
+            )
+            if metadata is not None:
+                own = {id(obj) for obj in walk.objects}
+                for leaf, axis in zip(y_walk.leaves, y_axes, strict=True):
+                    if isinstance(leaf, Variable) and id(leaf) not in own:
+                        metadata.add_axis(leaf, axis)
+                y_graphdef = GraphWalk().graphdef(ys)
+            y_values = list(map(value_of, y_walk.leaves))
+            carried_changed = tuple(p for p in carried if after[p] is not values[p])
+            info = _StepInfo(carried_changed, written, y_graphdef, y_axes)
+            return [after[p] for p in carried], ([after[p] for p in written], y_values, info)
+
+        return body

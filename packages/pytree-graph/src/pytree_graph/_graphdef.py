@@ -2,7 +2,7 @@
 `Builder`, `build`, and `merge`, which checks States against a graphdef and builds."""
 
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import repeat
 from operator import itemgetter
 from types import GenericAlias
@@ -80,8 +80,18 @@ class GraphDef:
         """Build a new graph from this structure and the given States (see `merge`)."""
         return merge(self, *states)
 
+    def apply(self, *states: Any) -> Any:
+        """`call((self, *states))`: a method of the graph these States fill, called as a
+        pure function returning `(out, (graphdef, new_state))` (see `call`)."""
+        return PURE_CALL[0]((self, *states))
+
 
 jax.tree_util.register_static(GraphDef)
+
+# `GraphDef.apply` is `call`, which splits graphs and so lives in a module above this one
+# (`_pure_call`); that module puts it here when it is imported (the package's
+# `__init__` imports it), so that imports point one way.
+PURE_CALL: list[Callable[[tuple[Any, ...]], Any]] = []
 
 
 def build(graphdef: GraphDef, values: Sequence[Any], copy: bool = False) -> Any:

@@ -1,5 +1,6 @@
 """`jit`: `jax.jit` for functions of object graphs, writing changes back to the caller."""
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +13,7 @@ from pytree_module.extend import flat_form, is_pytree_class
 from pytree_transforms.extend import BindsAsMethod
 
 from ._aliases import check_one_spec, lift_recording_aliases
-from ._argument_specs import NO_ENTRY, PerArgumentSpecs, SpecTable
+from ._argument_specs import NO_ENTRY, PerArgumentSpecs, SpecTable, leaves_of
 from ._boundary import Call, Inside
 from ._error_names import rename_in_error
 from ._errors import check_callable
@@ -20,6 +21,8 @@ from ._graphdef import GraphDef
 from ._lift import LiftedCall, Reordered
 from ._lift_cache import lift_cache
 from ._outcome import NOTHING_CHANGED, Outcome, ValuesChanged
+from ._traverse import GraphWalk
+from ._variables import Variable
 
 
 class _GraphJit(BindsAsMethod):
@@ -52,7 +55,23 @@ class _GraphJit(BindsAsMethod):
 
         def pure_donating(graphdef: GraphDef, donated: list[Any], kept: list[Any], mask: tuple):
             donated_values, kept_values = iter(donated), iter(kept)
-            return pure(graphdef, [next(donated_values if d else kept_values) for d in mask])
+            values = [next(donated_values if d else kept_values) for d in mask]
+            inside = Inside(graphdef, values, prepare=None if layout is None else layout.inputs)
+            if layout is not None:
+                layout.check_shared(inside)
+            outcome, out_values = inside.finish(call.run(inside.tree))
+            # A donated Variable the function did not write still needs a live value.
+            leaves = GraphWalk()
+            leaves.graphdef(inside.tree)
+            donated_variables = tuple(
+                p
+                for p, (d, leaf) in enumerate(zip(mask, leaves.leaves, strict=True))
+                if d and isinstance(leaf, Variable)
+            )
+            outcome, out_values = return_donated(inside, outcome, out_values, donated_variables)
+            if layout is None:
+                return outcome, out_values
+            return outcome, layout.outputs(inside, outcome, out_values)
 
         self._jitted = jax.jit(pure, **jit_kwargs)
         self._jitted_donating = jax.jit(
@@ -79,16 +98,106 @@ class _GraphJit(BindsAsMethod):
             if outcome is NOTHING_CHANGED:  # the usual forward pass: one array out, no writes
                 return values[0]
             return lifted.apply(outcome, values)
+        inputs = self._donating_inputs(lifted)
+        try:
+            outcome, values = self._jitted_donating(*inputs)
+        except Exception as error:
+            self._rename_in_error(error, lifted, inputs[3])
+            raise
+        return lifted.apply(outcome, values)
+
+    def _donating_inputs(self, lifted: LiftedCall) -> tuple[GraphDef, list, list, tuple]:
+        """The arguments of the donating jitted function: `(graphdef, donated, kept, mask)`."""
         split = self._call.split_path
         mask = tuple(split(path)[0] in self._donate for path in lifted.paths)
         donated = [v for v, d in zip(lifted.values, mask, strict=True) if d]
         kept = [v for v, d in zip(lifted.values, mask, strict=True) if not d]
+        return lifted.graphdef, donated, kept, mask
+
+    def trace(self, *args: Any, **kwargs: Any) -> "Traced":
+        """Trace for these arguments, ahead of time (as `jax.jit(f).trace`).
+
+        Returns:
+            A `Traced`: its `.jaxpr`, and `.lower()` to go on.
+        """
+        lifted, jitted, inputs = self._stage(args, kwargs)
         try:
-            outcome, values = self._jitted_donating(lifted.graphdef, donated, kept, mask)
+            traced = jitted.trace(*inputs)
         except Exception as error:
-            self._rename_in_error(error, lifted, mask)
+            self._rename_in_error(error, lifted, inputs[3] if self._donate else None)
             raise
-        return lifted.apply(outcome, values)
+        return Traced(traced, self._compiled_caller(lifted))
+
+    def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
+        """Trace and lower for these arguments, for ahead-of-time compilation (as
+        `jax.jit(f).lower`).
+
+        Returns:
+            A `Lowered`: `.as_text()` shows the program, and `.compile()` gives a function
+            that takes the same arguments (arrays of the same shapes, objects of the same
+            structure) and writes back to them as the jitted function does.
+
+        Examples:
+            >>> import jax.numpy as jnp
+            >>> from pytree_graph import Param, jit
+            >>> w = Param(jnp.ones(2))
+            >>> def scale(w, x):
+            ...     w.value = w.value * x
+            ...     return w.value.sum()
+            >>> compiled = jit(scale).lower(w, jnp.array(3.0)).compile()
+            >>> float(compiled(w, jnp.array(3.0))), w.value.tolist()
+            (6.0, [3.0, 3.0])
+        """
+        lifted, jitted, inputs = self._stage(args, kwargs)
+        try:
+            lowered = jitted.lower(*inputs)
+        except Exception as error:
+            self._rename_in_error(error, lifted, inputs[3] if self._donate else None)
+            raise
+        return Lowered(lowered, self._compiled_caller(lifted))
+
+    def _stage(self, args: tuple, kwargs: dict[str, Any]) -> tuple[LiftedCall, Any, tuple]:
+        """A call's lifted arguments, the jitted function it runs, and that one's inputs."""
+        if (
+            args
+            and isinstance(args[0], Module)
+            and flat_form(args[0])[1] is None
+            and is_pytree_class(type(args[0]))
+        ):
+            raise TypeError(
+                "A jitted `__init__` cannot be lowered ahead of time: lower a function "
+                "that builds the object instead, `jit(lambda *a: Model(*a)).lower(...)`."
+            )
+        lifted = lift_cache.find(self._call.tree(args, kwargs))
+        if self._donate:
+            return lifted, self._jitted_donating, self._donating_inputs(lifted)
+        return lifted, self._jitted, lifted.jit_inputs()
+
+    def _compiled_caller(self, staged: LiftedCall) -> Callable[..., Any]:
+        """How a `Compiled` of the call `staged` runs a call: lift the arguments, check
+        they have the structure it was compiled for, run it, write back."""
+        key = self._stage_key(staged)
+
+        def call(compiled: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+            lifted, _, inputs = self._stage(args, kwargs)
+            if self._stage_key(lifted) != key:
+                raise ValueError(
+                    f"This compiled {self._fun.__name__!r} was lowered for arguments of "
+                    "another structure (objects, static attributes, Variable types or "
+                    "metadata, or non-array arguments differ). Lower it again for these "
+                    "arguments, or call the jitted function, which compiles as needed."
+                )
+            # The donating function's mask is a static argument: not passed to the program.
+            outcome, values = compiled(*(inputs[:3] if self._donate else inputs))
+            return lifted.apply(outcome, values)
+
+        return call
+
+    def _stage_key(self, lifted: LiftedCall) -> Any:
+        """What must be equal for a compiled program to take a call: its structure."""
+        if self._donate:
+            return self._donating_inputs(lifted)[::3]
+        return lifted.jit_inputs()[0]
 
     def _rename_in_error(self, error: Exception, lifted: LiftedCall, mask: tuple | None) -> None:
         """Name the user's function and values in an error raised while tracing."""
@@ -141,6 +250,108 @@ class _GraphJit(BindsAsMethod):
             setattr(module, name, data(value) if name in data_keys else static(value))
 
 
+class Traced:
+    """A graph jit traced for one structure of its arguments (`jit(f).trace(...)`).
+
+    The `jax.stages.Traced` it wraps is `.traced`.
+    """
+
+    def __init__(self, traced: Any, call: Callable[[Any, tuple, dict], Any]):
+        self.traced = traced
+        self._call = call
+
+    @property
+    def jaxpr(self) -> Any:
+        """The traced program (its inputs are the structure's values, in the order the
+        jitted function takes them)."""
+        return self.traced.jaxpr
+
+    def lower(self) -> "Lowered":
+        """Lower the traced program: a `Lowered`."""
+        return Lowered(self.traced.lower(), self._call)
+
+
+class Lowered:
+    """A graph jit lowered for one structure of its arguments (`jit(f).lower(...)`).
+
+    The `jax.stages.Lowered` it wraps is `.lowered`.
+    """
+
+    def __init__(self, lowered: Any, call: Callable[[Any, tuple, dict], Any]):
+        self.lowered = lowered
+        self._call = call
+
+    def as_text(self, *args: Any, **kwargs: Any) -> str:
+        """The lowered program as text (as `jax.stages.Lowered.as_text`)."""
+        return self.lowered.as_text(*args, **kwargs)
+
+    def compiler_ir(self, *args: Any, **kwargs: Any) -> Any:
+        """The lowered program as a compiler IR object (as `jax.stages.Lowered.compiler_ir`)."""
+        return self.lowered.compiler_ir(*args, **kwargs)
+
+    def cost_analysis(self) -> Any:
+        """The estimated cost of the program (as `jax.stages.Lowered.cost_analysis`)."""
+        return self.lowered.cost_analysis()
+
+    def compile(self, compiler_options: dict[str, Any] | None = None) -> "Compiled":
+        """Compile ahead of time.
+
+        Arguments:
+            compiler_options: XLA options for this compilation, as for
+                `jax.stages.Lowered.compile`.
+
+        Returns:
+            A `Compiled`: call it as the jitted function, with arguments of the lowered
+            structure; it writes the changes back in the same way.
+        """
+        return Compiled(self.lowered.compile(compiler_options=compiler_options), self._call)
+
+
+class Compiled:
+    """A graph jit compiled ahead of time: call it with arguments of the lowered structure.
+
+    The `jax.stages.Compiled` it wraps is `.compiled`.
+    """
+
+    def __init__(self, compiled: Any, call: Callable[[Any, tuple, dict], Any]):
+        self.compiled = compiled
+        self._call = call
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(self.compiled, args, kwargs)
+
+    def as_text(self) -> str:
+        """The compiled program as text."""
+        return self.compiled.as_text()
+
+    def cost_analysis(self) -> Any:
+        """The compiled program's cost estimate (as `jax.stages.Compiled.cost_analysis`)."""
+        return self.compiled.cost_analysis()
+
+    def memory_analysis(self) -> Any:
+        """The compiled program's memory use (as `jax.stages.Compiled.memory_analysis`)."""
+        return self.compiled.memory_analysis()
+
+
+def return_donated(
+    inside: Inside, outcome: Outcome, values: list[Any], donated: tuple[int, ...]
+) -> tuple[Outcome, list[Any]]:
+    """The outcome and values of a call (traced), with the Variables at the `donated` leaf
+    positions written back even where the function left them unchanged: XLA may have given
+    their donated buffers to outputs, so each gets back its value, which the compiled
+    program passes through without a copy."""
+    if not donated or type(outcome) is not ValuesChanged or outcome.carries_all:
+        return outcome, values  # nothing donated, or the whole graph is written back already
+    written = set(outcome.changed)
+    if written.issuperset(donated):
+        return outcome, values
+    changed = tuple(sorted(written.union(donated)))
+    assert inside.after is not None
+    out_values = values[len(outcome.changed) :]
+    values = [inside.after.values[p] for p in changed] + out_values
+    return dataclasses.replace(outcome, changed=changed), values
+
+
 def jit(fun: Callable[..., Any] | None = None, **jit_kwargs: Any) -> Any:
     """`jax.jit` for functions of Modules and Variables, with sharing and updates kept.
 
@@ -158,20 +369,21 @@ def jit(fun: Callable[..., Any] | None = None, **jit_kwargs: Any) -> Any:
 
     Shardings (`in_shardings`, `out_shardings`) are given as for `jax.jit`, except that an
     argument holding Modules or Variables takes either one sharding for all its arrays or
-    a sharding per Variable: the State that `get_named_sharding(argument, mesh)` gives.
-    Inside, each value is laid out so (`jax.lax.with_sharding_constraint`), and the
-    Variables the function writes are laid out as they came in, so parameters updated by
-    an optimizer keep their layout from step to step. `None` leaves a value's layout to
-    the compiler.
+    a sharding per Variable: the State that `get_named_sharding(argument, mesh)` gives,
+    or a `StateSharding({filter: sharding})` (as Flax NNX's). Inside, each value is laid
+    out so (`jax.lax.with_sharding_constraint`), and the Variables the function writes are
+    laid out as they came in, so parameters updated by an optimizer keep their layout from
+    step to step. `None` leaves a value's layout to the compiler.
 
     Arguments:
         fun: the function. Omit it to get a decorator.
         **jit_kwargs: passed on to `jax.jit` (e.g. `donate_argnums`, which donates every
             array and Variable value of those arguments), except `in_shardings`: one
             sharding, or a tuple with one per positional argument (each a sharding, a
-            State of them, or a pytree prefix of the argument), also laying out the
-            Variables written; and `out_shardings`: the same for the output (its new
-            arrays and Variables; objects that came in keep their `in_shardings`).
+            State of them, a `StateSharding`, or a pytree prefix of the argument), also
+            laying out the Variables written; and `out_shardings`: the same for the
+            output, or one `StateSharding` for all of it (its new arrays and Variables;
+            objects that came in keep their `in_shardings`).
 
     Returns:
         The compiled function. As a class attribute it binds like a method.
@@ -263,8 +475,9 @@ class _Shardings:
         if self.given is None:
             return values
         num_args = self.call.num_args(graphdef)
+        leaves = leaves_of(graphdef, values) if self.given.by_filter else None
         shardings = self.given.for_leaves(
-            self.call, graphdef.paths, None, num_args, of_function=_unconstrained
+            self.call, graphdef.paths, leaves, num_args, of_function=_unconstrained
         )
         return list(map(_constrain, values, shardings))
 
@@ -292,19 +505,26 @@ class _Shardings:
     def outputs(self, inside: Inside, outcome: Outcome, values: list[Any]) -> list[Any]:
         """The values the call returns (written Variables, then the output's), laid out."""
         after = inside.after
-        if type(outcome) is ValuesChanged:  # the Variables written, by leaf position
-            written = [after.paths[position] for position in outcome.changed]
-        else:  # the whole graph of the arguments, described again
-            written = after.paths[: after.num_leaves]
+        # The Variables written, by leaf position; or the whole graph, described again.
+        changed = type(outcome) is ValuesChanged
+        positions = outcome.changed if changed else range(after.num_leaves)
+        written = [after.paths[position] for position in positions]
         values = list(values)
         if self.given is not None:
             num_args = self.call.num_args(inside.graphdef)
+            leaves = None
+            if self.given.by_filter:
+                walk = GraphWalk()
+                walk.graphdef(inside.tree)
+                leaves = [walk.leaves[position] for position in positions]
             shardings = self.given.for_leaves(
-                self.call, written, None, num_args, of_function=_unconstrained, strict=False
+                self.call, written, leaves, num_args, of_function=_unconstrained, strict=False
             )
             values[: len(written)] = map(_constrain, values[: len(written)], shardings)
         if self.returned is not None:
             out_paths = after.paths[after.num_leaves :]
-            for i, path in enumerate(out_paths, start=len(written)):
-                values[i] = _constrain(values[i], self.returned.find(path[1:], None))
+            out_leaves = after.leaves[after.num_leaves :]
+            for i, (path, leaf) in enumerate(zip(out_paths, out_leaves, strict=True)):
+                at = len(written) + i
+                values[at] = _constrain(values[at], self.returned.find(path[1:], leaf))
         return values

@@ -28,6 +28,7 @@ difference raises `StaleLiftCacheError` naming the stale object (slow; for tests
 
 import os
 import weakref
+from itertools import chain
 from operator import attrgetter, is_, itemgetter
 from typing import Any
 
@@ -216,14 +217,40 @@ class Checks:
             self.containers.append((container, keys, values))
 
 
-class _Entry:
-    """A cached walk: the checks that tell whether a new call may reuse it, and its plan."""
+class CachedWalk:
+    """A walk kept for reuse: the checks that tell whether a new call may reuse it, and its
+    plan (`jit_partial` keeps one for its bound objects)."""
 
-    __slots__ = ("__weakref__", "checks", "containers", "epoch", "plan", "refs")
+    __slots__ = (
+        "__weakref__",
+        "checks",
+        "container_items",
+        "container_keys",
+        "container_sizes",
+        "containers",
+        "dicts",
+        "epoch",
+        "plan",
+        "refs",
+        "sequences",
+    )
 
     def __init__(self, walk: GraphWalk, checks: Checks, graphdef: Any):
         self.checks = checks
-        self.containers = checks.containers
+        # The lists and dicts, compared on each call as three flat sequences (their sizes,
+        # the dicts' keys, and all their items), so that the comparison runs in C.
+        dicts = [(c, keys, items) for c, keys, items in checks.containers if keys is not None]
+        sequences = [(c, items) for c, keys, items in checks.containers if keys is None]
+        self.dicts = [c for c, _, _ in dicts]
+        self.sequences = [c for c, _ in sequences]
+        self.containers = self.dicts + self.sequences
+        self.container_sizes = [len(items) for _, _, items in dicts] + [
+            len(items) for _, items in sequences
+        ]
+        self.container_keys = [key for _, keys, _ in dicts for key in keys]
+        self.container_items = [item for _, _, items in dicts for item in items] + [
+            item for _, items in sequences for item in items
+        ]
         self.epoch = mutations.count
         self.plan = LiftPlan(
             walk,
@@ -241,19 +268,32 @@ class _Entry:
         since the walk."""
         if [ref() for ref in self.refs] != roots:  # identity: Modules and Variables
             return None
+        if not self.unchanged(roots):
+            return None
+        return LiftedCall(self.plan, roots, arrays)
+
+    def unchanged(self, roots: list[Any]) -> bool:
+        """Whether the objects walked, reached from these roots, are as they were then."""
         if self.epoch != mutations.count:
             # Some object changed somewhere since the last check: were they ours?
             if not self._unchanged(roots):
-                return None
+                return False
             self.epoch = mutations.count
-        for container, keys, values in self.containers:
-            # Lists and dicts change without telling anyone: always compare them.
-            if keys is None:
-                if len(container) != len(values) or not all(map(is_, container, values)):
-                    return None
-            elif tuple(container) != keys or not all(map(is_, container.values(), values)):
-                return None
-        return LiftedCall(self.plan, roots, arrays)
+        # Lists and dicts change without telling anyone: always compare them.
+        return not self.containers or (
+            list(map(len, self.containers)) == self.container_sizes
+            and list(chain.from_iterable(self.dicts)) == self.container_keys
+            and all(
+                map(
+                    is_,
+                    chain(
+                        chain.from_iterable(map(dict.values, self.dicts)),
+                        chain.from_iterable(self.sequences),
+                    ),
+                    self.container_items,
+                )
+            )
+        )
 
     def _unchanged(self, roots: list[Any]) -> bool:
         checks = self.checks
@@ -284,7 +324,7 @@ class LiftCache:
     """Makes `LiftedCall`s, reusing the walk of earlier calls with the same objects."""
 
     def __init__(self) -> None:
-        self._entries: dict[Any, _Entry] = {}
+        self._entries: dict[Any, CachedWalk] = {}
 
     def find(self, tree: Any) -> LiftedCall:
         """The lifted call of `tree`: from a cached walk where one still fits, else from
@@ -310,13 +350,13 @@ class LiftCache:
         graphdef = walk.graphdef(tree)
         if not checks.cacheable:
             return lift_walked(walk, graphdef)
-        entry = _Entry(walk, checks, graphdef)
+        entry = CachedWalk(walk, checks, graphdef)
         self._store(key, entry, roots)
         # Read through the entry's plan, as the calls after this one will be: a jitted
         # function then gets its inputs in the same form (and order) every time.
         return LiftedCall(entry.plan, roots, arrays)
 
-    def _store(self, key: Any, entry: _Entry, roots: list[Any]) -> None:
+    def _store(self, key: Any, entry: CachedWalk, roots: list[Any]) -> None:
         entries = self._entries
         entry_ref = weakref.ref(entry)
 

@@ -3,12 +3,8 @@
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
-from pytree_filter import Path, path_text
-
-from ._state import State, _flatten_into
-from ._variables import Variable, _guard
+from ._pure_values import write_pure_dict
+from ._state import State
 
 
 def _check_state(state: Any, function: str) -> None:
@@ -50,32 +46,6 @@ def to_pure_dict(state: State) -> dict[Any, Any]:
     return state.to_pure_dict()
 
 
-def _as_state_path(path: Path, known: Mapping[Path, Any]) -> Path:
-    """`path`, or the same path with digit strings as ints where that is a State path:
-    checkpoint formats that keep only string keys turn list positions into `"0"`."""
-    if path in known:
-        return path
-    converted = tuple(int(k) if isinstance(k, str) and k.isdigit() else k for k in path)
-    return converted if converted in known else path
-
-
-def _shape_and_dtype(value: Any) -> tuple[tuple[int, ...], Any]:
-    shape = getattr(value, "shape", None)
-    return (np.shape(value) if shape is None else tuple(shape)), getattr(value, "dtype", None)
-
-
-def _mismatch(path: Path, old: Any, new: Any) -> str | None:
-    """Why `new` cannot replace `old` at `path`, or None if it can."""
-    old_shape, old_dtype = _shape_and_dtype(old)
-    new_shape, new_dtype = _shape_and_dtype(new)
-    if old_shape != new_shape:
-        return f"at {path_text(path)}: shape {new_shape} where the State has {old_shape}"
-    # A Python number has no dtype of its own: JAX gives it the array's.
-    if old_dtype is not None and new_dtype is not None and np.dtype(old_dtype) != new_dtype:
-        return f"at {path_text(path)}: dtype {new_dtype} where the State has {old_dtype}"
-    return None
-
-
 def replace_by_pure_dict(state: State, pure_dict: Mapping[Any, Any]) -> None:
     """Write the values of plain nested dicts (`to_pure_dict`'s form) into a State, in place.
 
@@ -111,44 +81,4 @@ def replace_by_pure_dict(state: State, pure_dict: Mapping[Any, Any]) -> None:
         Array([0., 0.], dtype=float32)
     """
     _check_state(state, "replace_by_pure_dict")
-    if not isinstance(pure_dict, Mapping):
-        raise TypeError(
-            "replace_by_pure_dict expects nested dicts as `pure_dict` (as `to_pure_dict` "
-            f"returns), got a {type(pure_dict).__name__}."
-        )
-    current = state.flat_state()
-    given: dict[Path, Any] = {}
-    _flatten_into(pure_dict, (), given)
-    new = {_as_state_path(path, current): value for path, value in given.items()}
-    extra = [path_text(p) for p in new if p not in current]
-    missing = [path_text(p) for p in current if p not in new]
-    if extra or missing:
-        raise ValueError(
-            "replace_by_pure_dict: `pure_dict` does not have the State's paths. "
-            + (f"Not in the State: {', '.join(extra)}. " if extra else "")
-            + (f"Missing from `pure_dict`: {', '.join(missing)}. " if missing else "")
-            + "Make it with `to_pure_dict` of a State of the same model."
-        )
-    problems = []
-    for path, leaf in current.items():
-        old = leaf.value if isinstance(leaf, Variable) else leaf
-        problem = _mismatch(path, old, new[path])
-        if problem is not None:
-            problems.append(problem)
-    if problems:
-        raise ValueError(
-            "replace_by_pure_dict: values do not fit the State, "
-            + "; ".join(problems)
-            + ". Cast or reshape them, or take the State of a model of the same shapes."
-        )
-    for leaf in current.values():
-        if isinstance(leaf, Variable):
-            _guard(leaf, "set the value")
-    for path, leaf in current.items():
-        if isinstance(leaf, Variable):
-            leaf.value = new[path]
-        else:
-            parent = state
-            for key in path[:-1]:
-                parent = parent[key]
-            parent[path[-1]] = new[path]
+    write_pure_dict(state, pure_dict, "replace_by_pure_dict")

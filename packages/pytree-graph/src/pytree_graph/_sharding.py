@@ -10,19 +10,18 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pytree_module import Module
 
-from ._axis_rules import active_rules, axis_rules, to_mesh_axes
+from ._axis_rules import active_rules, axis_rules
 from ._boundary import holds_graph_nodes
 from ._jit import jit
 from ._split_merge import state, update
 from ._state import State
-from ._variables import Variable, is_variable
+from ._variables import Variable, is_variable, missing_mesh_axes, partition_spec
 
 
 def spec_of(leaf: Any) -> PartitionSpec:
     """The `PartitionSpec` of one Variable (from its `sharding` metadata, logical names
     mapped by the `axis_rules` in force) or array."""
-    axes = leaf.metadata.get("sharding") if isinstance(leaf, Variable) else None
-    return PartitionSpec() if axes is None else PartitionSpec(*to_mesh_axes(axes))
+    return partition_spec(leaf.metadata.get("sharding") if isinstance(leaf, Variable) else None)
 
 
 def _spec(leaf: Any) -> Any:
@@ -81,13 +80,7 @@ def get_named_sharding(tree: Any, mesh: Mesh) -> Any:
         True
     """
     specs = get_partition_spec(tree)
-    missing = {
-        axis
-        for spec in jax.tree.leaves(specs)
-        for entry in spec
-        for axis in (entry if isinstance(entry, tuple) else (entry,))
-        if axis is not None and axis not in mesh.axis_names
-    }
+    missing = {axis for spec in jax.tree.leaves(specs) for axis in missing_mesh_axes(spec, mesh)}
     if missing:
         raise ValueError(
             f"get_named_sharding: the `sharding` metadata names mesh axes {sorted(missing)}, "

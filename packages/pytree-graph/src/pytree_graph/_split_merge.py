@@ -3,16 +3,20 @@
 from collections.abc import Mapping
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from pytree_filter import path_text
 from pytree_module import Module
 from pytree_module.extend import is_frozen_class
 
+from ._aliases import leaf_aliases
 from ._graphdef import GraphDef, build
 from ._lift import LiftedCall, value_of
 from ._lift_cache import lift_cache
-from ._refs import update_refs
+from ._pure_values import checked_pure_dict
+from ._refs import VariableIndex, VariableValue, update_refs
 from ._state import Path, State, _partition
 from ._traverse import GraphWalk, check_graph
 from ._variables import Variable
@@ -130,21 +134,28 @@ def graphdef(node: Any) -> GraphDef:
     return result
 
 
-def clone(node: Any) -> Any:
-    """A copy of an object graph with new Modules and Variables, and the same sharing.
+def clone(node: Any, *, variables: bool = True, arrays: bool = False) -> Any:
+    """A copy of an object graph with new Modules and the same sharing.
 
-    JAX arrays are immutable, so they are not copied; NumPy arrays (in Variables or as
-    attributes) are, so that changing the copy's in place leaves the original's as it
-    was.
+    By default the Variables are new too, holding the same JAX arrays (they are
+    immutable, so that is safe and costs nothing); NumPy arrays (in Variables or as
+    attributes) are copied, so that changing the copy's in place leaves the original's
+    as it was.
 
     Arguments:
         node: a Module, a Variable, or a list, tuple or dict holding them.
+        variables: False to keep `node`'s Variables in the copy (new Modules only, so
+            training either trains both).
+        arrays: also copy the JAX arrays into new buffers, so the copy can be donated
+            (`jax.jit(..., donate_argnums=...)`) while the original lives on.
 
     Returns:
         The copy.
 
     Raises:
         TypeError: `node` is a single value (a number, an array...), not an object graph.
+        ValueError: `arrays=True` with `variables=False` (the Variables would hold the
+            new buffers, and so would the original).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -157,15 +168,35 @@ def clone(node: Any) -> Any:
         >>> copy = clone(model)
         >>> copy.w is model.w, copy.w.value is model.w.value
         (False, True)
+        >>> clone(model, arrays=True).w.value is model.w.value
+        False
+        >>> clone(model, variables=False).w is model.w
+        True
     """
+    if arrays and not variables:
+        raise ValueError(
+            "clone: arrays=True copies the arrays into the copy's own Variables, so it "
+            "needs variables=True (the default); with variables=False the copy shares "
+            "`node`'s Variables and so their arrays."
+        )
     lifted = lift_cache.find(node)
     check_graph(lifted.graphdef, node, "clone")
+    if not variables:
+        return build(lifted.graphdef, lifted.leaves)
+    copy = _copy_all_buffers if arrays else _copy_buffer
     # Bare values: `build` puts each in a new Variable of the graphdef's type and metadata.
-    return build(lifted.graphdef, [_copy_buffer(value_of(leaf)) for leaf in lifted.leaves])
+    return build(lifted.graphdef, [copy(value_of(leaf)) for leaf in lifted.leaves])
 
 
 def _copy_buffer(value: Any) -> Any:
     return value.copy() if isinstance(value, np.ndarray) else value
+
+
+def _copy_all_buffers(value: Any) -> Any:
+    """`value` with every NumPy and JAX array in it copied (new buffers)."""
+    return jax.tree.map(
+        lambda x: jnp.copy(x) if isinstance(x, jax.Array) else _copy_buffer(x), value
+    )
 
 
 def _child(obj: Any, key: Any) -> Any:
@@ -207,6 +238,36 @@ def _assign(parent: Any, key: Any, value: Any) -> None:
         parent[key] = value
 
 
+def _is_pure_dict(source: Any) -> bool:
+    """Whether `source` is plain nested dicts of values keyed by path (not a tree holding
+    Variables, Modules or sequences in the places of the graph's own)."""
+    if type(source) is not dict:
+        return False
+    stack = [source]
+    while stack:
+        for value in stack.pop().values():
+            if type(value) is dict:
+                stack.append(value)
+            elif isinstance(
+                value, Variable | Module | VariableValue | VariableIndex | list | tuple | State
+            ):
+                return False
+    return True
+
+
+def _every_path(node: Any) -> dict[Path, Any]:
+    """`{path: leaf}` of a graph's Variables and arrays, by every path that reaches them
+    (a shared one under each of its paths, not only its first)."""
+    walk = GraphWalk(record_shared=True)
+    check_graph(walk.graphdef(node), node, "update")
+    aliases = leaf_aliases(walk)
+    return {
+        path: leaf
+        for position, (first, leaf) in enumerate(zip(walk.paths, walk.leaves, strict=True))
+        for path in aliases.get(position, (first,))
+    }
+
+
 def update(node: Any, *states: Any) -> None:
     """Write States (or a deref'd tree) back into a live graph, in place.
 
@@ -214,13 +275,19 @@ def update(node: Any, *states: Any) -> None:
     State holds a Variable); an array attribute or item is replaced. Every path is
     checked before anything is written, so a State that does not fit changes nothing.
 
-    When `node` is any pytree holding Variables and the source is not a State (a tree
+    One plain nested dict of values keyed by path (as `to_pure_dict` gives, or a part
+    of one) sets the values it names: each path must reach a Variable or array of `node`
+    (a shared one by any of its paths) and each value have its shape and dtype, all
+    checked before anything is written.
+
+    When `node` is any pytree holding Variables and the source is none of these (a tree
     from `deref`, a tree of Variables, or of values in the Variables' places), each
     Variable of `node` takes the value at its place in the source.
 
     Arguments:
         node: the live graph (or pytree of Variables) to write into.
-        *states: States from `split`/`state` (or one source tree, see above).
+        *states: States from `split`/`state`, or one pure dict, or one source tree (see
+            above).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -235,6 +302,9 @@ def update(node: Any, *states: Any) -> None:
         >>> update(model, state)
         >>> model.w.value.tolist()
         [3.0, 3.0]
+        >>> update(model, {"w": jnp.zeros(2)})
+        >>> model.w.value.tolist()
+        [0.0, 0.0]
     """
     if not states:
         raise TypeError("update needs at least one State (or source tree) to write.")
@@ -244,8 +314,11 @@ def update(node: Any, *states: Any) -> None:
                 "update: pass States (from split/state), or exactly one source tree "
                 "(from deref, or of Variables or values)."
             )
-        update_refs(node, states[0])
-        return
+        if not _is_pure_dict(states[0]):
+            update_refs(node, states[0])
+            return
+        values = checked_pure_dict(_every_path(node), states[0], "update", partial=True)
+        states = (State.from_flat_path(values),)
     writes = []
     for part in states:
         for path, leaf in part.flat_state().items():

@@ -8,6 +8,7 @@ from jax.tree_util import DictKey
 
 from pytree_filter import Everything, Path, to_predicate
 
+from ._pure_values import write_pure_dict
 from ._variables import Variable
 
 
@@ -159,40 +160,19 @@ class State(MutableMapping):
         """Plain nested dicts of the leaves (Variables kept as Variables)."""
         return {k: v.to_dict() if isinstance(v, State) else v for k, v in self._mapping.items()}
 
-    def replace_by_pure_dict(self, pure: Mapping[Any, Any]) -> "State":
-        """A State like this one with values from plain nested dicts (`to_pure_dict`'s form).
-
-        Arguments:
-            pure: nested dicts with the same keys as this State, holding values.
-
-        Returns:
-            A new State: each Variable replaced by one of the same type and metadata
-            holding the new value; bare arrays replaced by the new values.
+    def replace_by_pure_dict(self, pure_dict: Mapping[Any, Any]) -> None:
+        """`replace_by_pure_dict(self, pure_dict)`: write plain nested dicts' values into
+        this State's Variables, in place, after checking paths, shapes and dtypes.
 
         Examples:
             >>> import jax.numpy as jnp
             >>> from pytree_graph import Param, State
             >>> state = State({"w": Param(jnp.zeros(2))})
-            >>> state.replace_by_pure_dict({"w": jnp.ones(2)}).w
-            Param(value=f32[2])
+            >>> state.replace_by_pure_dict({"w": jnp.ones(2)})
+            >>> state.w.value.tolist()
+            [1.0, 1.0]
         """
-        flat = self.flat_state()
-        new: dict[Path, Any] = {}
-        _flatten_into(pure, (), new)
-        missing = [p for p in flat if p not in new]
-        extra = [p for p in new if p not in flat]
-        if missing or extra:
-            raise ValueError(
-                "replace_by_pure_dict: the dict does not match the State. "
-                + (f"Missing paths: {missing}. " if missing else "")
-                + (f"Paths not in the State: {extra}." if extra else "")
-            )
-        return State.from_flat_path(
-            {
-                p: leaf.replace(new[p]) if isinstance(leaf, Variable) else new[p]
-                for p, leaf in flat.items()
-            }
-        )
+        write_pure_dict(self, pure_dict, "State.replace_by_pure_dict")
 
     # ---------------------------------------------------------------------- filtering
 
@@ -308,7 +288,9 @@ def _matches_everything(spec: Any) -> bool:
 
 
 def show_filter(spec: Any) -> str:
-    """A filter as written: `...`, a type's name, or its repr."""
+    """A filter as written: `...`, a type's name, a tuple of them, or its repr."""
+    if isinstance(spec, tuple):
+        return "(" + ", ".join(map(show_filter, spec)) + ")"
     return "..." if spec is ... else getattr(spec, "__name__", repr(spec))
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jax.tree_util import GetAttrKey
 
 from pytree_module import TraceContextError, register_data_type
@@ -15,6 +16,7 @@ from pytree_module import TraceContextError, register_data_type
 # Variables agree on what "the same trace" means.
 from pytree_module.extend import constructor_pdoc, current_trace_token, same_trace, touch
 
+from ._axis_rules import to_mesh_axes
 from ._static import static_key
 
 
@@ -97,6 +99,17 @@ class Variable:
     in the treedef. Metadata (any hashable keyword values, such as `sharding=("data", None)`)
     is read and written as attributes and travels through every operation. Writing to a
     Variable from inside a JAX transform it was not passed into raises `TraceContextError`.
+    A Variable is also accepted where JAX expects an array (`jnp.dot(x, w)`, `jnp.sum(w)`,
+    through `__jax_array__`), while `jax.jit` and the other transforms see it as the pytree
+    it is.
+
+    With `mesh=` (a `jax.sharding.Mesh`) as well as `sharding=`, the value is laid out on
+    the mesh when the Variable is made: `jax.device_put` with
+    `NamedSharding(mesh, PartitionSpec(*sharding))` (logical names mapped by `axis_rules`),
+    or, inside a traced function, a sharding constraint; without `sharding` it is
+    replicated. Both stay in the metadata. A value given as `VariableMetadata` (what
+    `with_metadata` and `with_partitioning` initializers return) is unpacked, its metadata
+    added to the keywords.
 
     Subclass it to make your own kinds of state: `class Count(Variable): pass`. A subclass
     may override `get_value` and `set_value` (calling `super()`) to change every read and
@@ -105,8 +118,9 @@ class Variable:
     given. `Param[jax.Array]` is an annotation (a `types.GenericAlias`), as in Flax NNX.
 
     Arguments:
-        value: the value to hold.
-        **metadata: hashable values kept with it (e.g. `sharding`).
+        value: the value to hold, or a `VariableMetadata` holding it and more metadata.
+        **metadata: hashable values kept with it (e.g. `sharding`; with `mesh`, the value
+            is laid out on that mesh).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -131,13 +145,18 @@ class Variable:
     __class_getitem__ = classmethod(GenericAlias)
 
     def __init__(self, value: Any, **metadata: Any):
+        if type(value) is VariableMetadata:
+            value, metadata = value.value, _merged(type(self).__name__, value.metadata, metadata)
         if isinstance(value, Variable):
             raise TypeError(
                 f"{type(self).__name__}(...) got a {type(value).__name__}: a Variable "
                 "cannot hold another Variable. Pass its `.value`, or share the Variable "
                 "itself by assigning it."
             )
-        _set_flat(self, ((value,), _kind(type(self), metadata)))
+        kind = _kind(type(self), metadata)
+        if "mesh" in metadata:
+            value = _placed(type(self).__name__, value, metadata.get("sharding"), metadata["mesh"])
+        _set_flat(self, ((value,), kind))
         _set_trace(self, current_trace_token())
 
     def __init_subclass__(cls, **kwargs: Any):
@@ -322,7 +341,14 @@ class Variable:
         """
         if value is ...:
             value = self._pg_flat[0][0]  # as stored: `get_value` overrides are not applied
-        return type(self)(value, **{**self.metadata, **metadata})
+        elif isinstance(value, Variable):
+            raise TypeError(
+                f"{type(self).__name__}.replace got a {type(value).__name__}: a Variable "
+                "cannot hold another Variable. Pass its `.value`."
+            )
+        # Not through the constructor: a `mesh` in the metadata lays a value out when the
+        # Variable is made, not again for each copy (`get_partition_spec` puts specs here).
+        return _kind(type(self), {**self.metadata, **metadata})((value,))
 
     def copy(self) -> "Variable":
         """A new Variable of the same type holding the same value and metadata."""
@@ -424,6 +450,11 @@ class Variable:
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
         return np.asarray(self.value, dtype=dtype)
 
+    def __jax_array__(self) -> Any:
+        # Reached from `jax.numpy` functions given a Variable (`jnp.dot(x, w)`); `jax.jit`
+        # and other transforms flatten it as a pytree first, so they never call this.
+        return self._pg_flat[0][0]
+
     def __repr__(self) -> str:
         from pytree_module import tree_pformat
 
@@ -453,6 +484,117 @@ class Variable:
         _set_trace(self, current_trace_token())
 
 
+class VariableMetadata:
+    """A value with metadata for the Variable that will hold it: what initializers made by
+    `with_metadata` and `with_partitioning` return.
+
+    A Variable made from it (`Param(VariableMetadata(x, tag="a"))`, which is how layers
+    wrap an initializer's output) holds `value` and gets `metadata`, besides any metadata
+    given as keywords (the same name given both ways must have the same value). It is a
+    pytree (its value the only child), so an initializer returning one can be traced.
+
+    Arguments:
+        value: the value (usually an array).
+        **metadata: hashable metadata for the Variable.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_graph import Param, VariableMetadata
+        >>> boxed = VariableMetadata(jnp.zeros(2), sharding=("model",))
+        >>> Param(boxed, tag="bias").get_metadata()
+        {'sharding': ('model',), 'tag': 'bias'}
+    """
+
+    __slots__ = ("metadata", "value")
+
+    def __init__(self, value: Any, **metadata: Any):
+        if isinstance(value, Variable | VariableMetadata):
+            raise TypeError(
+                f"VariableMetadata got a {type(value).__name__}: it holds the value a "
+                "Variable will be made from. Pass the value itself."
+            )
+        self.value = value
+        self.metadata = MappingProxyType(metadata)
+
+    def __repr__(self) -> str:
+        shown = "".join(f", {name}={v!r}" for name, v in self.metadata.items())
+        return f"VariableMetadata({self.value!r}{shown})"
+
+
+jax.tree_util.register_pytree_node(
+    VariableMetadata,
+    lambda boxed: ((boxed.value,), tuple(boxed.metadata.items())),
+    lambda items, children: VariableMetadata(*children, **dict(items)),
+)
+
+
+def _merged(owner: str, boxed: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """The metadata of a `VariableMetadata` and the keywords, which must not disagree."""
+    for name in boxed.keys() & given.keys():
+        if static_key(boxed[name]) != static_key(given[name]):
+            raise ValueError(
+                f"{owner}(...) got {name}={given[name]!r}, but its value (from an "
+                f"initializer made by with_metadata or with_partitioning) already has "
+                f"{name}={boxed[name]!r}. Give {name!r} one way only."
+            )
+    return {**boxed, **given}
+
+
+def partition_spec(axes: Any) -> PartitionSpec:
+    """The `PartitionSpec` of `sharding` metadata (None: replicated), logical names mapped
+    by the `axis_rules` in force."""
+    return PartitionSpec() if axes is None else PartitionSpec(*to_mesh_axes(axes))
+
+
+def missing_mesh_axes(spec: PartitionSpec, mesh: Any) -> set[str]:
+    """The mesh axes `spec` names that `mesh` does not have."""
+    return {
+        axis
+        for entry in spec
+        for axis in (entry if isinstance(entry, tuple) else (entry,))
+        if axis is not None and axis not in mesh.axis_names
+    }
+
+
+def _placed(owner: str, value: Any, axes: Any, mesh: Any) -> Any:
+    """`value` laid out on `mesh` as `axes` (a Variable's `sharding` metadata) says."""
+    if not isinstance(mesh, Mesh):
+        raise TypeError(
+            f"{owner}(..., mesh=...) takes a jax.sharding.Mesh, got {_a(mesh)}: the value "
+            "is laid out on that mesh as `sharding` says. Leave `mesh` out to keep "
+            "`sharding` as metadata only."
+        )
+    spec = partition_spec(axes)
+    missing = missing_mesh_axes(spec, mesh)
+    if missing:
+        raise ValueError(
+            f"{owner}(..., sharding={axes!r}, mesh=...) names mesh axes {sorted(missing)}, "
+            f"which the mesh does not have (its axes: {list(mesh.axis_names)}). Use the "
+            "mesh's axis names, or map logical names to them with `pytree_graph.axis_rules`."
+        )
+    sharding = NamedSharding(mesh, spec)
+    if isinstance(value, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(
+            value.shape, value.dtype, sharding=sharding, weak_type=value.weak_type
+        )
+    if not isinstance(value, jax.Array | np.ndarray | np.generic) and type(value) not in (
+        _PYTHON_NUMBERS
+    ):
+        raise TypeError(
+            f"{owner}(..., mesh=...) can lay out an array, a number or a "
+            f"jax.ShapeDtypeStruct, but got {_a(value)}. Leave `mesh` out for other values."
+        )
+    try:
+        if isinstance(value, jax.core.Tracer):
+            return jax.lax.with_sharding_constraint(value, sharding)
+        return jax.device_put(value, sharding)
+    except ValueError as error:
+        raise ValueError(
+            f"{owner}(..., sharding={axes!r}, mesh=...) cannot lay out a value of shape "
+            f"{np.shape(value)} on a mesh of shape {dict(mesh.shape)}: {error}"
+        ) from error
+
+
 _PYTHON_NUMBERS = frozenset({bool, int, float, complex})
 
 
@@ -479,6 +621,7 @@ _set_trace = Variable._pg_trace.__set__  # type: ignore[attr-defined]
 _READS_THROUGH_GET_VALUE: dict[str, Any] = {
     "value": property(lambda self: self.get_value(), Variable.value.fset),  # type: ignore[attr-defined]
     "__getitem__": lambda self, index: _index(self.get_value(), index),
+    "__jax_array__": lambda self: self.get_value(),
 }
 
 

@@ -5,72 +5,205 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
-from pytree_filter import path_text, to_predicate
 from pytree_transforms.extend import BindsAsMethod
 
-from ._aliases import check_one_spec, lift_recording_aliases
+from ._aliases import check_one_spec, lift_recording_aliases, show_argument_path
+from ._argument_specs import FilterSpecs
 from ._boundary import Call, Inside
+from ._carry import Carry, show_axis
 from ._errors import check_callable
-from ._state import check_everything_last, show_filter
+from ._transform_metadata import TransformMetadata
+from ._traverse import GraphWalk
+from ._variables import Variable
 
 
-class StateAxes:
-    """Mapping axes chosen per filter, for the Variables and arrays of one argument.
+class StateAxes(FilterSpecs):
+    """Axes chosen per filter, for the Variables and arrays of one argument.
 
     Each leaf takes the axis of the first filter it matches (Variable types, `...`,
     predicates on the leaf, filter objects such as `PathContains`, which see the leaf's
-    path within the argument); every leaf must match one, so end with `...` for the
-    rest. An axis is an int or `None` (not mapped: the same value for every example).
+    path within the argument, or a tuple of filters, matching what any of them
+    matches); every leaf must match one, so end with `...` for the rest. An axis is an
+    int, `None` (not mapped: the same value for every example), or, for `scan`'s
+    `in_axes` only, `Carry` (carried from step to step).
 
     Arguments:
         axes: `{filter: axis}`, in order.
 
     Examples:
-        >>> from pytree_graph import Cache, Param, StateAxes
-        >>> axes = StateAxes({Param: None, Cache: 0})  # parameters shared, caches mapped
-        >>> axes
+        >>> from pytree_graph import BatchStat, Cache, Param, StateAxes
+        >>> StateAxes({Param: None, Cache: 0})  # parameters shared, caches mapped
         StateAxes({Param: None, Cache: 0})
+        >>> StateAxes({(Param, BatchStat): 0, ...: None})  # a tuple: any of its filters
+        StateAxes({(Param, BatchStat): 0, ...: None})
     """
 
-    __slots__ = ("_items", "_predicates")
+    __slots__ = ()
 
-    def __init__(self, axes: Mapping[Any, int | None]):
-        if not isinstance(axes, Mapping) or not axes:
-            raise TypeError(
-                "StateAxes expects a non-empty dict {filter: axis}, e.g. "
-                f"StateAxes({{Param: None, ...: 0}}); got {axes!r}."
-            )
-        for axis in axes.values():
-            if axis is not None and not isinstance(axis, int):
-                raise TypeError(f"StateAxes: an axis must be an int or None, got {axis!r}.")
-        check_everything_last(tuple(axes))
-        self._items = tuple(axes.items())
-        self._predicates = tuple(to_predicate(f) for f in axes)
+    def __init__(self, axes: Mapping[Any, Any]):
+        super().__init__(axes)
 
-    def axis_of(self, path: tuple, leaf: Any) -> int | None:
+    def check_spec(self, spec: Any) -> None:
+        if spec is not None and spec is not Carry and not isinstance(spec, int):
+            raise TypeError(f"StateAxes: an axis must be an int, None or Carry, got {spec!r}.")
+
+    def axis_of(self, path: tuple, leaf: Any, transform: str = "vmap") -> Any:
         """The axis of the leaf at `path` (within its argument)."""
-        for predicate, (_, axis) in zip(self._predicates, self._items, strict=True):
-            if predicate(path, leaf):
-                return axis
-        raise ValueError(
-            f"vmap: no filter of {self!r} matches the {type(leaf).__name__} at "
-            f"{path_text(path)}. Every Variable and array of the argument needs an axis: "
-            "add a filter for it, or end with `...: 0` (or `...: None`)."
-        )
+        return self.spec_of(path, leaf, transform)
 
-    def __repr__(self) -> str:
-        shown = ", ".join(f"{show_filter(f)}: {a}" for f, a in self._items)
-        return f"StateAxes({{{shown}}})"
+    def show_spec(self, spec: Any) -> str:
+        return show_axis(spec)
+
+    @property
+    def has_carry(self) -> bool:
+        """Whether some filter's axis is `Carry`."""
+        return any(axis is Carry for _, axis in self.items())
 
 
 def _check_axis_spec(spec: Any, where: str) -> None:
-    if spec is None or isinstance(spec, int | StateAxes):
+    if spec is None or isinstance(spec, int):
+        return
+    if isinstance(spec, StateAxes):
+        if spec.has_carry:
+            raise TypeError(
+                f"vmap: {where} is {spec!r}, but Carry is for `scan` (what a loop carries "
+                "from step to step): give vmap an int or None."
+            )
         return
     raise TypeError(
         f"vmap: {where} must be an int, None or a StateAxes, got {spec!r}. (Per-leaf "
         "axes inside an argument are given with StateAxes({filter: axis}).)"
     )
+
+
+def _check_axes(axes: Any, option: str) -> Any:
+    """`in_axes` or `out_axes`: one spec, or a tuple of them (a list becomes a tuple)."""
+    if isinstance(axes, list):
+        axes = tuple(axes)
+    for i, spec in enumerate(axes if isinstance(axes, tuple) else (axes,)):
+        _check_axis_spec(spec, f"{option}[{i}]" if isinstance(axes, tuple) else option)
+    return axes
+
+
+def spec_at(axes: Any, path: tuple, leaf: Any, transform: str) -> Any:
+    """The axis that `out_axes` (one spec, or a tuple with one per output item) gives
+    the leaf at `path` of the output (checked by `check_output_items`)."""
+    if isinstance(axes, tuple):
+        axes, path = axes[path[0]], path[1:]
+    return axes.axis_of(path, leaf, transform) if isinstance(axes, StateAxes) else axes
+
+
+def check_output_items(axes: Any, out: Any, transform: str) -> None:
+    """Refuse an output that is not a tuple with one item per entry of `out_axes`."""
+    if isinstance(axes, tuple) and not (isinstance(out, tuple) and len(out) == len(axes)):
+        got = f"a tuple of {len(out)}" if isinstance(out, tuple) else type(out).__name__
+        raise ValueError(
+            f"{transform}: out_axes has {len(axes)} entries, one per output, but the "
+            f"function returned {got}. Return a tuple of {len(axes)}, or give one spec "
+            "for the whole output."
+        )
+
+
+class LeafAxes:
+    """The axis of each value, found while tracing: a static pytree (no leaves), so a
+    transform can return it."""
+
+    __slots__ = ("axes",)
+
+    def __init__(self, axes: tuple):
+        self.axes = axes
+
+    def __hash__(self) -> int:
+        return hash(self.axes)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is LeafAxes and self.axes == other.axes
+
+
+jax.tree_util.register_static(LeafAxes)
+
+
+def place_axis(value: Any, axis: int) -> Any:
+    """A value batched at axis 0, with that axis moved to `axis`."""
+    return value if axis == 0 else jnp.moveaxis(value, 0, axis)
+
+
+def argument_leaves(inside: Inside) -> list[Any]:
+    """The Variables and arrays of the objects a transform built, in leaf order."""
+    walk = GraphWalk()
+    walk.graphdef(inside.tree)
+    return walk.leaves
+
+
+def output_leaves(inside: Inside, out: Any) -> tuple[list[Any], list[tuple]]:
+    """The output's own Variables and arrays (not the arguments'), and their paths in
+    it: those whose values `Inside.finish` returns, in the same order."""
+    walk = GraphWalk()
+    walk.visit(inside.tree, ())
+    start = len(walk.leaves)
+    walk.visit(out, ("<output>",))
+    return walk.leaves[start:], [path[1:] for path in walk.paths[start:]]
+
+
+def lift_with_axes(
+    transform: str, call: Call, args: tuple, kwargs: dict[str, Any], in_axes: Any, sized: bool
+) -> tuple[Any, list[Any]]:
+    """A mapping transform's call lifted, with the axis of each of its leaves.
+
+    Arguments:
+        transform: "vmap" or "pmap", for errors.
+        call: how the function is called.
+        args, kwargs: the call's arguments.
+        in_axes: one spec for every positional argument, or a tuple with one each
+            (keyword arguments are mapped over axis 0; the function itself is not mapped).
+        sized: whether the size of the mapped axis is given (`axis_size=`).
+
+    Raises:
+        ValueError: `in_axes` does not have one entry per positional argument; an object
+            shared by two arguments gets two axes; nothing is mapped and the size is not
+            given.
+    """
+    num_args = len(args)
+
+    def spec_of(argument: Any) -> Any:
+        if argument is None:
+            return None  # the function itself is the same for every example
+        if isinstance(argument, str):
+            return 0  # keyword arguments are mapped over their leading axis, as in jax.vmap
+        if isinstance(in_axes, tuple):
+            if len(in_axes) != num_args:
+                raise ValueError(
+                    f"{transform}: in_axes has {len(in_axes)} entries but the function was "
+                    f"called with {num_args} positional argument(s): give one per argument."
+                )
+            return in_axes[argument]
+        return in_axes
+
+    def axis_of(path: tuple, leaf: Any) -> int | None:
+        argument, relative = call.split_path(path)
+        spec = spec_of(argument)
+        return spec.axis_of(relative, leaf, transform) if isinstance(spec, StateAxes) else spec
+
+    lifted, walk = lift_recording_aliases(call.tree(args, kwargs))
+    check_one_spec(
+        transform,
+        "in_axes",
+        call,
+        walk,
+        axis_of,
+        "Give the arguments that share it the same axis for it, or pass separate "
+        "objects (e.g. `pytree_graph.clone(model)`).",
+    )
+    axes = list(map(axis_of, lifted.paths, lifted.leaves))
+    if all(a is None for a in axes) and not sized:
+        size = "batch size" if transform == "vmap" else "number of devices"
+        raise ValueError(
+            f"{transform}: nothing is mapped (every array and Variable has axis None), so "
+            f"the {size} is unknown. Pass `axis_size=`, or map an argument."
+        )
+    return lifted, axes
 
 
 class _GraphVmap(BindsAsMethod):
@@ -81,75 +214,62 @@ class _GraphVmap(BindsAsMethod):
         fun: Callable[..., Any],
         in_axes: Any,
         out_axes: Any,
+        transform_metadata: Mapping[str, Any] | None,
         vmap_kwargs: dict[str, Any],
     ):
         self._call = Call(fun)
-        if isinstance(in_axes, list):
-            in_axes = tuple(in_axes)
-        for i, spec in enumerate(in_axes if isinstance(in_axes, tuple) else (in_axes,)):
-            _check_axis_spec(spec, f"in_axes[{i}]" if isinstance(in_axes, tuple) else "in_axes")
-        if out_axes is not None and not isinstance(out_axes, int):
-            raise TypeError(
-                f"vmap: out_axes must be an int or None (one axis for every output "
-                f"array), got {out_axes!r}."
-            )
-        self._in_axes = in_axes
-        self._out_axes = out_axes
+        self._in_axes = _check_axes(in_axes, "in_axes")
+        self._out_axes = _check_axes(out_axes, "out_axes")
+        self._metadata = (
+            None if transform_metadata is None else TransformMetadata(transform_metadata, "vmap")
+        )
         self._vmap_kwargs = vmap_kwargs
         functools.update_wrapper(self, fun, updated=())
 
-    def _spec_of(self, argument: Any, num_args: int) -> Any:
-        if argument is None:
-            return None  # the function itself is broadcast
-        if isinstance(argument, str):
-            return 0  # keyword arguments are mapped over their leading axis, as in jax.vmap
-        if isinstance(self._in_axes, tuple):
-            if len(self._in_axes) != num_args:
-                raise ValueError(
-                    f"vmap: in_axes has {len(self._in_axes)} entries but the function was "
-                    f"called with {num_args} positional argument(s)."
-                )
-            return self._in_axes[argument]
-        return self._in_axes
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         call = self._call
-        lifted, walk = lift_recording_aliases(call.tree(args, kwargs))
-
-        def axis_of(path: tuple, leaf: Any) -> int | None:
-            argument, relative = call.split_path(path)
-            spec = self._spec_of(argument, len(args))
-            return spec.axis_of(relative, leaf) if isinstance(spec, StateAxes) else spec
-
-        check_one_spec(
-            "vmap",
-            "in_axes",
-            call,
-            walk,
-            axis_of,
-            "Give the arguments that share it the same axis for it, or pass separate "
-            "objects (e.g. `pytree_graph.clone(model)`).",
+        lifted, axes = lift_with_axes(
+            "vmap", call, args, kwargs, self._in_axes, "axis_size" in self._vmap_kwargs
         )
-        axes = list(map(axis_of, lifted.paths, lifted.leaves))
-        if all(a is None for a in axes) and "axis_size" not in self._vmap_kwargs:
-            raise ValueError(
-                "vmap: nothing is mapped (every array and Variable has axis None), so the "
-                "batch size is unknown. Pass `axis_size=`, or map an argument."
-            )
+        out_axes, metadata = self._out_axes, self._metadata
 
         def batched(values: list[Any]) -> Any:
             inside = Inside(lifted.graphdef, values)
-            outcome, values = inside.finish(
-                call.run(inside.tree), structure="fixed", transform="vmap"
+            # Inside, a mapped Variable's `sharding` metadata names its axes without the
+            # one mapped over (as its value has them); it is named again on the way out.
+            marked = []
+            if metadata is not None:
+                for position, leaf in enumerate(argument_leaves(inside)):
+                    if isinstance(leaf, Variable) and axes[position] is not None:
+                        where = show_argument_path(call, lifted.paths[position])
+                        metadata.remove_axis(leaf, axes[position], where)
+                        marked.append((leaf, axes[position]))
+            out = call.run(inside.tree)
+            for leaf, axis in marked:
+                metadata.add_axis(leaf, axis)
+            check_output_items(out_axes, out, "vmap")
+            leaves, paths = output_leaves(inside, out)
+            leaf_axes = tuple(
+                spec_at(out_axes, path, leaf, "vmap")
+                for path, leaf in zip(paths, leaves, strict=True)
             )
-            # Argument leaves get their in_axes, the output's own values the out_axes.
-            return values[: outcome.num_leaves], outcome, values[outcome.num_leaves :]
+            if metadata is not None:
+                for leaf, axis in zip(leaves, leaf_axes, strict=True):
+                    if isinstance(leaf, Variable) and axis is not None:
+                        metadata.add_axis(leaf, axis)
+            outcome, values = inside.finish(out, structure="fixed", transform="vmap")
+            # Argument leaves keep their in_axes; the output's own values are batched at
+            # axis 0 (moved to their out_axes after) or not at all.
+            out_values = values[outcome.num_leaves :]
+            mapped = [v for v, a in zip(out_values, leaf_axes, strict=True) if a is not None]
+            unmapped = [v for v, a in zip(out_values, leaf_axes, strict=True) if a is None]
+            return values[: outcome.num_leaves], outcome, mapped, unmapped, LeafAxes(leaf_axes)
 
         try:
-            values, outcome, out_values = jax.vmap(
+            values, outcome, mapped, unmapped, leaf_axes = jax.vmap(
                 batched,
                 in_axes=(axes,),
-                out_axes=(axes, None, self._out_axes),
+                out_axes=(axes, None, 0, None, None),
                 **self._vmap_kwargs,
             )(lifted.values)
         except ValueError as error:
@@ -162,6 +282,11 @@ class _GraphVmap(BindsAsMethod):
                 "BatchStat: 0, ...: None})), or compute it from values that are the same "
                 "for every example."
             ) from error
+        mapped, unmapped = iter(mapped), iter(unmapped)
+        out_values = [
+            next(unmapped) if axis is None else place_axis(next(mapped), axis)
+            for axis in leaf_axes.axes
+        ]
         return lifted.apply(outcome, values + out_values)
 
 
@@ -169,7 +294,8 @@ def vmap(
     fun: Callable[..., Any] | None = None,
     *,
     in_axes: Any = 0,
-    out_axes: int | None = 0,
+    out_axes: Any = 0,
+    transform_metadata: Mapping[str, Any] | None = None,
     **vmap_kwargs: Any,
 ) -> Any:
     """`jax.vmap` for functions of Modules and Variables, with axes chosen per filter.
@@ -184,11 +310,23 @@ def vmap(
     Objects created inside and returned (e.g. a model built from a batch of keys) come
     back with the batch axis in every Variable, at `out_axes`.
 
+    With `transform_metadata={PARTITION_NAME: "layers"}` the batch axis is named in the
+    Variables' `sharding` metadata: inserted at its position in the Variables the
+    function creates and returns (so `get_partition_spec` of a stack of layers names
+    the layer axis), and taken out of mapped arguments' Variables while it runs.
+    Variables without `sharding` metadata are left without it.
+
     Arguments:
         fun: the function. Omit it to get a decorator.
         in_axes: one spec for every positional argument, or a tuple with one per
             argument; a spec is an int, `None` or a `StateAxes`.
-        out_axes: where the batch axis goes in every output array (an int), or `None`.
+        out_axes: where the batch axis goes in the output: one spec for all of it, or a
+            tuple with one per item of a tuple output; a spec is an int, `None` (the
+            same for every example) or a `StateAxes` (per filter, for an output
+            holding Variables).
+        transform_metadata: `{PARTITION_NAME: name}`, naming the batch axis in the
+            `sharding` metadata (another key names another tuple-valued metadata
+            entry, which gets its value inserted likewise, as in Flax NNX).
         **vmap_kwargs: passed on to `jax.vmap` (`axis_name`, `axis_size`,
             `spmd_axis_name`).
 
@@ -196,7 +334,7 @@ def vmap(
         The vectorised function.
 
     Examples:
-        >>> import jax.numpy as jnp
+        >>> import jax, jax.numpy as jnp
         >>> from pytree_module import Module
         >>> from pytree_graph import Cache, Param, StateAxes, vmap
         >>> class Layer(Module):
@@ -211,8 +349,27 @@ def vmap(
         ...     layer, jnp.ones((4, 3)))
         >>> out.tolist(), layer.last.value.shape
         ([6.0, 6.0, 6.0, 6.0], (4, 3))
+
+        A stack of layers whose sharding metadata names the layer axis:
+
+        >>> from pytree_graph import PARTITION_NAME, get_partition_spec
+        >>> class Dense(Module):
+        ...     def __init__(self, key):
+        ...         self.w = Param(jax.random.normal(key, (2, 2)), sharding=(None, "model"))
+        >>> stack = vmap(Dense, transform_metadata={PARTITION_NAME: "layers"})(
+        ...     jax.random.split(jax.random.key(0), 3))
+        >>> stack.w.value.shape, stack.w.sharding
+        ((3, 2, 2), ('layers', None, 'model'))
+        >>> tuple(get_partition_spec(stack)["w"].value)
+        ('layers', None, 'model')
     """
     if fun is None:
-        return functools.partial(vmap, in_axes=in_axes, out_axes=out_axes, **vmap_kwargs)
+        return functools.partial(
+            vmap,
+            in_axes=in_axes,
+            out_axes=out_axes,
+            transform_metadata=transform_metadata,
+            **vmap_kwargs,
+        )
     check_callable(fun, "vmap")
-    return _GraphVmap(fun, in_axes, out_axes, vmap_kwargs)
+    return _GraphVmap(fun, in_axes, out_axes, transform_metadata, vmap_kwargs)

@@ -43,6 +43,12 @@ from ._recurrent import RNN as RNN
 from ._recurrent import Bidirectional as Bidirectional
 from ._recurrent import GRUCell as GRUCell
 from ._recurrent import LSTMCell as LSTMCell
+from ._rng_tools import SplitBackups as SplitBackups
+from ._rng_tools import fork_rngs as fork_rngs
+from ._rng_tools import reseed as reseed
+from ._rng_tools import restore_rngs as restore_rngs
+from ._rng_tools import split_rngs as split_rngs
+from ._rng_tools import with_rngs as with_rngs
 from ._rngs import RngCount as RngCount
 from ._rngs import RngKey as RngKey
 from ._rngs import Rngs as Rngs

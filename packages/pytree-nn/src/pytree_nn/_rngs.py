@@ -9,6 +9,7 @@ import numpy as np
 
 from pytree_graph import Variable
 
+from . import initializers
 from ._module import Module
 
 
@@ -157,6 +158,8 @@ class Rngs(Module):
         True
         >>> rngs.normal((2,)).shape  # distributions, from the default stream
         (2,)
+        >>> rngs.lecun_normal()((2, 3)).shape  # initializers: init(shape), a key per call
+        (2, 3)
         >>> rngs.split(4).default.key.value.shape  # four streams, for vmap
         (4,)
         >>> bool((Rngs(default=5)() == Rngs(5)()).all())
@@ -322,9 +325,54 @@ def _distribution(name: str, on_default: bool) -> Any:
     return method
 
 
+# As Flax NNX: the initializers whose names do not clash with a distribution's.
+_INITIALIZERS = (
+    "delta_orthogonal",
+    "glorot_normal",
+    "glorot_uniform",
+    "he_normal",
+    "he_uniform",
+    "kaiming_normal",
+    "kaiming_uniform",
+    "lecun_normal",
+    "lecun_uniform",
+    "variance_scaling",
+    "xavier_normal",
+    "xavier_uniform",
+)
+
+
+def _initializer(name: str, on_default: bool) -> Any:
+    make = getattr(initializers, name)
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        init = make(*args, **kwargs)
+        stream = self.default if on_default else self
+
+        # The key is drawn at each call, not when the initializer is made: one
+        # initializer gives a new array each time, as Flax NNX's.
+        def keyless(*init_args: Any, **init_kwargs: Any) -> Any:
+            return init(stream(), *init_args, **init_kwargs)
+
+        keyless.__name__ = keyless.__qualname__ = name
+        return keyless
+
+    method.__name__ = name
+    method.__qualname__ = f"{'Rngs' if on_default else 'RngStream'}.{name}"
+    method.__doc__ = (
+        f"`initializers.{name}(*args, **kwargs)` as a function `init(shape, dtype=...)` "
+        f"that draws a new key from {'the default stream' if on_default else 'this stream'} "
+        f"at each call (Flax NNX's `rngs.{name}()`)."
+    )
+    return method
+
+
 for _name in _DISTRIBUTIONS:
     setattr(RngStream, _name, _distribution(_name, on_default=False))
     setattr(Rngs, _name, _distribution(_name, on_default=True))
+for _name in _INITIALIZERS:
+    setattr(RngStream, _name, _initializer(_name, on_default=False))
+    setattr(Rngs, _name, _initializer(_name, on_default=True))
 
 # A stream named like a method would hide it.
 _RESERVED = frozenset(name for name in dir(Rngs) if not name.startswith("_"))

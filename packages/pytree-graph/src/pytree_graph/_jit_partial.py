@@ -1,0 +1,565 @@
+"""`jit_partial` and `cached_partial`: a jitted step with its Modules bound once.
+
+A training step takes the same model and optimizer on every call, and new data. Bound
+once, their graph is walked once: each call then reads their Variables' values into one
+list (a C-level read per Variable, no walk), hands it to one `jax.jit` function (JAX's
+C++ dispatch flattens it), and writes the new values straight back into the same
+Variables.
+
+What is checked on every call, so that an answer is never stale:
+
+- the mutation count (`pytree_module.extend.mutations`): every structural write (an
+  attribute set or deleted, a submodule swapped, a static flag changed by `model.eval()`,
+  a Variable replaced or given new metadata) bumps it. When it moved, the checks of the
+  lift cache (`_lift_cache.CachedWalk`: one identity test per object) tell whether the
+  bound objects were among those changed; if so, they are walked again, and a new
+  structure compiles anew, as with `pytree_graph.jit`;
+- the lists and dicts inside the bound objects (which change without bumping the count),
+  item by item;
+- that the call runs in the JAX trace the bound Variables belong to (one test per trace
+  they were made in, usually one).
+
+A write to a Variable's value is no structural change: the next call reads it.
+"""
+
+import functools
+import inspect
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from pytree_filter import SHAPED_TYPES
+from pytree_module import Module
+
+from ._boundary import Call, Inside
+from ._error_names import rename_in_error
+from ._errors import check_callable
+from ._graphdef import Builder, GraphDef, check_writable
+from ._jit import _REFUSED_OPTIONS, Lowered, Traced, _GraphJit, return_donated
+from ._lift import LiftedCall, LiftPlan, Reordered
+from ._lift_cache import CHECK_HITS, CachedWalk, Checks, _check_hit
+from ._outcome import Outcome, ValuesChanged
+from ._static import Static
+from ._traverse import GraphWalk
+from ._variables import Variable
+
+_set_value = Variable._pg_flat.__set__  # type: ignore[attr-defined]
+_consume = deque(maxlen=0).extend  # runs an iterator to its end, keeping nothing
+_GRAPH_NODES = (Module, Variable)
+# Exact types of the per-step arguments seen to be arrays: a call whose positional
+# arguments are all of these (and no keywords) passes them to the program as they are.
+_array_types: set[type] = set()
+
+
+class _Layout:
+    """The static first argument of the jitted function: the bound objects' structure,
+    and which of their values come in the donated list (None: none do).
+
+    A pytree with no leaves, equal by value (built once per walk of the bound objects,
+    so a call compares it by identity).
+    """
+
+    __slots__ = ("_hash", "donated_positions", "mask", "structure")
+
+    def __init__(
+        self,
+        structure: GraphDef | Reordered,
+        mask: tuple[bool, ...] | None,
+        donated_positions: tuple[int, ...] = (),
+    ):
+        self.structure = structure
+        self.mask = mask
+        self.donated_positions = donated_positions  # follows from the two others
+        self._hash = hash((structure, mask))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (
+            type(other) is _Layout
+            and self._hash == other._hash
+            and self.mask == other.mask
+            and self.structure == other.structure
+        )
+
+    def values(self, donated: list[Any], kept: list[Any]) -> list[Any]:
+        """The bound values in the order the structure reads them."""
+        if self.mask is None:
+            return kept
+        donated_values, kept_values = iter(donated), iter(kept)
+        return [next(donated_values if d else kept_values) for d in self.mask]
+
+
+class _StepStatics:
+    """The non-array parts of a call's per-step arguments (static, as in `jit`): for each
+    argument, its treedef, which leaves are arrays, and the other leaves.
+
+    A pytree with no leaves, equal by value.
+    """
+
+    __slots__ = ("_hash", "args", "kwargs")
+
+    def __init__(self, args: tuple, kwargs: tuple):
+        self.args = args
+        self.kwargs = kwargs
+        self._hash = hash((args, kwargs))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (
+            type(other) is _StepStatics
+            and self._hash == other._hash
+            and self.args == other.args
+            and self.kwargs == other.kwargs
+        )
+
+    def rebuild(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        """The per-step arguments, from the arrays of each (traced, inside)."""
+        return (
+            tuple(map(_merge, self.args, args)),
+            {name: _merge(spec, kwargs[name]) for name, spec in self.kwargs},
+        )
+
+
+jax.tree_util.register_static(_Layout)
+jax.tree_util.register_static(_StepStatics)
+
+
+def _merge(spec: tuple, arrays: list[Any]) -> Any:
+    treedef, mask, statics = spec
+    arrays_left, statics_left = iter(arrays), iter(statics)
+    leaves = [next(arrays_left) if m else next(statics_left).value for m in mask]
+    return treedef.unflatten(leaves)
+
+
+def _split_argument(value: Any, name: str, function: str) -> tuple[list[Any], tuple]:
+    """One per-step argument: its arrays (traced), and the spec of the rest (static)."""
+    leaves, treedef = jax.tree_util.tree_flatten(
+        value, is_leaf=lambda x: isinstance(x, _GRAPH_NODES)
+    )
+    arrays, mask, statics = [], [], []
+    for leaf in leaves:
+        if isinstance(leaf, _GRAPH_NODES):
+            raise TypeError(
+                f"jit_partial({function}): the per-step argument {name} holds a "
+                f"{type(leaf).__name__}. Modules and Variables must be bound (passed to "
+                "`jit_partial` after the function), so that their changes are written "
+                "back; or call the function through `pytree_graph.jit`."
+            )
+        if isinstance(leaf, SHAPED_TYPES):
+            arrays.append(leaf)
+            mask.append(True)
+        else:
+            try:
+                statics.append(Static(leaf))
+                hash(statics[-1])
+            except TypeError:
+                raise TypeError(
+                    f"jit_partial({function}): the per-step argument {name} holds a "
+                    f"{type(leaf).__name__}, which is static (not an array) and so must be "
+                    "hashable. Pass it as an array, or make it hashable (a tuple instead "
+                    "of a list)."
+                ) from None
+            mask.append(False)
+    if len(arrays) == 1 and not statics and treedef.num_nodes == 1:
+        _array_types.add(type(value))  # a plain array: passed as it is from now on
+    return arrays, (treedef, tuple(mask), tuple(statics))
+
+
+class _Binding:
+    """The bound objects, walked once: what a call reads, checks and writes.
+
+    Arguments:
+        call: how the function is called (the function is lifted too if it holds graph
+            nodes).
+        bound: the bound arguments.
+        donate: positions of the function's arguments whose values are donated.
+    """
+
+    __slots__ = (
+        "cached",
+        "donated",
+        "guards",
+        "inner",
+        "kept",
+        "last_outcome",
+        "last_writer",
+        "layout",
+        "plan",
+        "roots",
+        "tree",
+        "writers",
+    )
+
+    def __init__(self, call: Call, bound: tuple, donate: frozenset[int]):
+        self.roots = [call.fun, *bound] if call.lift_fun else list(bound)
+        self.tree = tree = call.tree(bound, {})
+        checks = Checks(self.roots)
+        walk = GraphWalk(checks=checks)
+        graphdef = walk.graphdef(tree)
+        # A graph holding other pytree nodes (whose changes no check sees) is walked on
+        # every call instead.
+        self.cached = CachedWalk(walk, checks, graphdef) if checks.cacheable else None
+        plan = self.plan = (
+            self.cached.plan if self.cached is not None else LiftPlan.of_walk(walk, graphdef)
+        )
+        variables = plan.variables + [self.roots[n] for n in plan.root_variables]
+        self.inner = plan.inner_arrays
+        positions = self.positions(len(variables))
+        mask = tuple(call.split_path(graphdef.paths[p])[0] in donate for p in positions)
+        if any(mask):
+            self.donated = [v for v, d in zip(variables, mask, strict=True) if d]
+            self.kept = [v for v, d in zip(variables, mask, strict=True) if not d]
+            donated_positions = tuple(p for p, d in zip(positions, mask, strict=True) if d)
+            self.layout = _Layout(
+                plan.structure, mask + (False,) * len(self.inner), donated_positions
+            )
+        else:
+            self.donated, self.kept = [], variables
+            self.layout = _Layout(plan.structure, None)
+        # One Variable of each JAX trace the Variables were made in, to check the call's.
+        self.guards = list({id(v._pg_trace): v for v in variables}.values())
+        self.writers: dict[Outcome, tuple | None] = {}
+        self.last_outcome: Outcome | None = None
+        self.last_writer: tuple | None = None
+
+    def fresh(self) -> bool:
+        """Whether the bound objects are as they were when walked."""
+        if self.cached is None or not self.cached.unchanged(self.roots):
+            return False
+        if CHECK_HITS:
+            _check_hit(self.tree, self.lifted())
+        return True
+
+    def positions(self, count: int | None = None) -> list[int]:
+        """The leaf position of each value read (of the first `count`), in reading order."""
+        order = self.plan.order
+        positions = [0] * len(order)
+        for position, index in enumerate(order):
+            positions[index] = position
+        return positions if count is None else positions[:count]
+
+    def lifted(self) -> LiftedCall:
+        """The bound objects as a lifted call, with their values now (the general path)."""
+        return LiftedCall(self.plan, self.roots, [])
+
+    def write_back(self, outcome: Outcome, values: list[tuple[Any]]) -> Any:
+        """Write a call's outcome into the bound objects; return the output (`values`:
+        each value the call returned, in a 1-tuple)."""
+        writer = self.last_writer if outcome is self.last_outcome else self.writer(outcome)
+        if writer is None:
+            return self.lifted().apply(outcome, [value for (value,) in values])
+        variables, kinds, objects = writer
+        # Each Variable gets `((value,), kind)`: built and set in C, no Python loop. The
+        # values run on past the Variables (the output's follow), so not `strict`.
+        _consume(map(_set_value, variables, zip(values, kinds, strict=False)))
+        if objects is None:
+            return values[len(variables)][0] if outcome.out_is_leaf else None
+        positions = [None] * outcome.num_leaves + [value for (value,) in values[len(variables) :]]
+        return Builder(positions, list(objects)).visit(outcome.out)  # it fills new ones in
+
+    def writer(self, outcome: Outcome) -> tuple | None:
+        """How to write back a call's outcome: `(variables, kinds, objects)`, or None where
+        `LiftedCall.apply` must (a new structure)."""
+        writer = self.writers.get(outcome, False)
+        if writer is False:
+            writer = None
+            if type(outcome) is ValuesChanged and not outcome.carries_all:
+                lifted = self.lifted()
+                variables = [lifted.leaves[p] for p in outcome.changed]
+                kinds = [v._pg_flat[1] for v in variables]
+                objects = None
+                if outcome.out is not None:
+                    objects = lifted.objects + [None] * (outcome.num_objects - len(lifted.objects))
+                writer = (variables, kinds, objects)
+            self.writers[outcome] = writer
+        self.last_outcome, self.last_writer = outcome, writer
+        return writer
+
+
+class JitPartial:
+    """The function `jit_partial` returns: call it with the per-step arguments."""
+
+    def __init__(self, fun: Callable[..., Any], bound: tuple, jit_kwargs: dict[str, Any]):
+        name = getattr(fun, "__name__", type(fun).__name__)
+        for option, why in {
+            **_REFUSED_OPTIONS,
+            "in_shardings": "lay the bound objects out once, with `pytree_graph.shard` or "
+            "`jax.device_put`, or compile the step with `pytree_graph.jit(..., "
+            "in_shardings=...)`.",
+            "out_shardings": "compile the step with `pytree_graph.jit(..., out_shardings=...)`.",
+        }.items():
+            if option in jit_kwargs:
+                raise TypeError(f"jit_partial does not take `{option}`: {why}")
+        for i, value in enumerate(bound):
+            if not isinstance(value, _GRAPH_NODES):
+                raise TypeError(
+                    f"jit_partial({name}, ...): bound argument {i} (of type "
+                    f"{type(value).__name__}) is not a Module or Variable. Bind the graph "
+                    "arguments (a model, an optimizer) and pass arrays and other values "
+                    "on each call: `step = jit_partial(f, model, optimizer); step(x, y)`."
+                )
+        self._signature = _signature(fun)
+        if self._signature is not None:
+            try:
+                self._signature.bind_partial(*bound)
+            except TypeError as error:
+                raise TypeError(
+                    f"jit_partial({name}, ...): {len(bound)} arguments were bound, but "
+                    f"{name}{self._signature} does not take them: {error}."
+                ) from None
+        self._fun = fun
+        self._name = name
+        self._bound = bound
+        self._call = call = Call(fun)
+        donate = jit_kwargs.pop("donate_argnums", ())
+        self._donate = frozenset((donate,) if isinstance(donate, int) else donate)
+        num_bound = len(bound)
+        # The jitted function's arguments: layout, donated, kept, statics, per-step ones.
+        donate_argnums = ((1,) if any(d < num_bound for d in self._donate) else ()) + tuple(
+            sorted(4 + d - num_bound for d in self._donate if d >= num_bound)
+        )
+
+        def pure(
+            layout: _Layout, donated: list, kept: list, statics: Any, *args: Any, **kwargs: Any
+        ) -> Any:
+            inside = Inside(layout.structure, layout.values(donated, kept))
+            if statics is not None:
+                args, kwargs = statics.rebuild(args, kwargs)
+            tree = inside.tree
+            if call.lift_fun:
+                out = tree[0](*tree[1], *args, **kwargs)
+            else:
+                out = call.fun(*tree[0], *args, **kwargs)
+            outcome, values = inside.finish(out)
+            outcome, values = return_donated(inside, outcome, values, layout.donated_positions)
+            # Each value in a 1-tuple, built by JAX's C++ unflattening: the write back then
+            # makes one tuple per Variable, not two.
+            return outcome, [(value,) for value in values]
+
+        self._jitted = jax.jit(pure, donate_argnums=donate_argnums, **jit_kwargs)
+        self._binding = _Binding(call, bound, self._donate)
+        functools.update_wrapper(self, fun, updated=())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        binding = self._binding
+        if not binding.fresh():
+            binding = self._binding = _Binding(self._call, self._bound, self._donate)
+        for variable in binding.guards:
+            check_writable(variable)
+        step_args, step_kwargs, statics = args, kwargs, None
+        if kwargs or not all(map(_array_types.__contains__, map(type, args))):
+            step_args, step_kwargs, statics = self._split_step(args, kwargs)
+        # (A comprehension reads the values faster than chained `map`s of getters.)
+        kept = [v._pg_flat[0][0] for v in binding.kept]
+        if binding.inner:
+            kept += binding.inner
+        donated = [v._pg_flat[0][0] for v in binding.donated] if binding.donated else []
+        try:
+            outcome, values = self._jitted(
+                binding.layout, donated, kept, statics, *step_args, **step_kwargs
+            )
+        except Exception as error:
+            self._explain(error, binding, args, kwargs)
+            raise
+        return binding.write_back(outcome, values)
+
+    def _split_step(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict, Any]:
+        """The per-step arguments as lists of their arrays, and their static rest."""
+        arg_arrays, arg_specs = [], []
+        for i, arg in enumerate(args):
+            arrays, spec = _split_argument(arg, f"args[{i}]", self._name)
+            arg_arrays.append(arrays)
+            arg_specs.append(spec)
+        kwarg_arrays, kwarg_specs = {}, []
+        for name in sorted(kwargs):
+            kwarg_arrays[name], spec = _split_argument(kwargs[name], repr(name), self._name)
+            kwarg_specs.append((name, spec))
+        return tuple(arg_arrays), kwarg_arrays, _StepStatics(tuple(arg_specs), tuple(kwarg_specs))
+
+    def _explain(
+        self, error: Exception, binding: _Binding, args: tuple, kwargs: dict[str, Any]
+    ) -> None:
+        """Make an error raised while tracing name the user's function and arguments."""
+        if isinstance(error, TypeError) and self._signature is not None:
+            try:
+                self._signature.bind(*self._bound, *args, **kwargs)
+            except TypeError as wrong:
+                count = len(self._bound)
+                names = list(self._signature.parameters)[:count]
+                raise TypeError(
+                    f"{self._name}{self._signature}: {count} argument(s) are bound by "
+                    f"jit_partial ({', '.join(names)}), and the call passed {len(args)} "
+                    f"positional and {len(kwargs)} keyword argument(s) after them: {wrong}."
+                ) from error
+        positions = binding.positions()
+        mask = binding.layout.mask
+        if mask is None:
+            lists = {"kept": positions}
+        else:
+            lists = {
+                "donated": [p for p, d in zip(positions, mask, strict=False) if d],
+                "kept": [p for p, d in zip(positions, mask, strict=False) if not d],
+            }
+        rename_in_error(error, self._call, self._fun, binding.plan.graphdef.paths, lists)
+
+    def _stage(self, args: tuple, kwargs: dict[str, Any]) -> tuple[_Binding, tuple, dict]:
+        """The inputs of the jitted function for a call (ahead of time)."""
+        binding = self._binding
+        if not binding.fresh():
+            binding = self._binding = _Binding(self._call, self._bound, self._donate)
+        step_args, step_kwargs, statics = self._split_step(args, kwargs)
+        kept = [v._pg_flat[0][0] for v in binding.kept] + list(binding.inner)
+        donated = [v._pg_flat[0][0] for v in binding.donated]
+        return binding, (binding.layout, donated, kept, statics, *step_args), step_kwargs
+
+    def trace(self, *args: Any, **kwargs: Any) -> Traced:
+        """Trace for these per-step arguments, ahead of time (as `jax.jit(f).trace`).
+
+        Returns:
+            A `Traced`: its `.jaxpr`, and `.lower()` to go on.
+        """
+        binding, inputs, step_kwargs = self._stage(args, kwargs)
+        try:
+            traced = self._jitted.trace(*inputs, **step_kwargs)
+        except Exception as error:
+            self._explain(error, binding, args, kwargs)
+            raise
+        return Traced(traced, self._compiled_caller(inputs))
+
+    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
+        """Trace and lower for these per-step arguments, ahead of time (as
+        `jax.jit(f).lower`).
+
+        Returns:
+            A `Lowered`: `.as_text()` shows the program; `.compile()` gives a function
+            that takes per-step arguments of the same shapes and writes back to the
+            bound objects, as this function does.
+        """
+        binding, inputs, step_kwargs = self._stage(args, kwargs)
+        try:
+            lowered = self._jitted.lower(*inputs, **step_kwargs)
+        except Exception as error:
+            self._explain(error, binding, args, kwargs)
+            raise
+        return Lowered(lowered, self._compiled_caller(inputs))
+
+    def _compiled_caller(self, staged: tuple) -> Callable[..., Any]:
+        """How a `Compiled` runs a call: check the bound objects and the per-step
+        statics are those it was lowered for, run it, write back."""
+        layout, statics = staged[0], staged[3]
+
+        def call(compiled: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+            binding, inputs, step_kwargs = self._stage(args, kwargs)
+            if inputs[0] != layout or inputs[3] != statics:
+                raise ValueError(
+                    f"This compiled {self._name!r} was lowered for bound objects of another "
+                    "structure, or other non-array per-step arguments. Lower it again, or "
+                    "call the `jit_partial` function, which compiles as needed."
+                )
+            for variable in binding.guards:
+                check_writable(variable)
+            return binding.write_back(*compiled(*inputs, **step_kwargs))
+
+        return call
+
+
+def _signature(fun: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fun)
+    except (TypeError, ValueError):
+        return None
+
+
+def jit_partial(fun: Callable[..., Any], *partial_args: Any, **jit_kwargs: Any) -> JitPartial:
+    """`pytree_graph.jit` of `fun` with its first arguments bound: a training step that
+    takes the model and optimizer once, and only the data on each call.
+
+    The bound objects are walked once. Each call reads their Variables' values straight
+    into the compiled program and writes the new values straight back into the same
+    Variables, with no walk of the graph: as fast as `jax.jit` on a dict of the same
+    arrays. It still sees every change made outside between calls: a new value set into
+    a Variable is read by the next call, and a structural change (an attribute added,
+    a submodule swapped, a static flag changed by `model.eval()`, a Variable replaced)
+    makes the next call walk the objects again (and compile again if their structure
+    is new). Shared Variables (tied weights, a model held by its optimizer) are passed
+    once. Results, and writes back, are those of `pytree_graph.jit(fun)` called with all
+    the arguments.
+
+    Arguments:
+        fun: the function, taking the bound arguments first.
+        *partial_args: the Modules and Variables to bind (each a Module or Variable).
+        **jit_kwargs: as for `pytree_graph.jit` (passed on to `jax.jit`), except the
+            shardings. `donate_argnums` numbers `fun`'s positional arguments, the bound
+            ones first: donating a bound argument donates its Variables' values (the
+            new ones are written back), donating a later one donates that per-step
+            argument.
+
+    Returns:
+        The compiled function of the remaining arguments. Its `.lower(*args)` and
+        `.trace(*args)` stage it ahead of time.
+
+    Raises:
+        TypeError: a bound argument is not a Module or Variable, `fun` does not take
+            that many arguments, or a per-step argument holds a Module or Variable.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, jit_partial
+        >>> class Scale(Module):
+        ...     def __init__(self):
+        ...         self.w = Param(jnp.array(1.0))
+        >>> def step(model, x):
+        ...     model.w.value = model.w.value + x
+        ...     return model.w.value * 2
+        >>> model = Scale()
+        >>> train = jit_partial(step, model)
+        >>> float(train(jnp.array(1.0))), float(model.w.value)
+        (4.0, 2.0)
+        >>> model.w.value = jnp.array(10.0)  # read by the next call
+        >>> float(train(jnp.array(1.0)))
+        22.0
+    """
+    check_callable(fun, "jit_partial")
+    return JitPartial(fun, partial_args, dict(jit_kwargs))
+
+
+def cached_partial(f: Callable[..., Any], *cached_args: Any) -> JitPartial:
+    """Bind the first arguments of a `pytree_graph.jit` function: the same as
+    `jit_partial` of the function it compiles, with its options.
+
+    Arguments:
+        f: a function compiled with `pytree_graph.jit`.
+        *cached_args: the Modules and Variables to bind, as for `jit_partial`.
+
+    Returns:
+        The compiled function of the remaining arguments (a `jit_partial` function).
+
+    Raises:
+        TypeError: `f` is not a `pytree_graph.jit` function, or as `jit_partial`.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_graph import Variable, cached_partial, jit
+        >>> count = Variable(jnp.array(0))
+        >>> @jit
+        ... def tick(count, by):
+        ...     count.value += by
+        >>> step = cached_partial(tick, count)
+        >>> step(jnp.array(2)); step(jnp.array(3)); int(count.value)
+        5
+    """
+    if not isinstance(f, _GraphJit):
+        raise TypeError(
+            f"cached_partial takes a function compiled with `pytree_graph.jit`, not a "
+            f"{type(f).__name__}. Bind the arguments of a plain function with "
+            "`jit_partial(f, model, ...)`; other graph transforms reuse their walks "
+            "already, so `functools.partial` serves for them."
+        )
+    return JitPartial(f._fun, cached_args, dict(f._jit_kwargs))

@@ -1,0 +1,139 @@
+"""`pmap` for functions of object graphs, with device axes chosen per filter."""
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from pytree_transforms.extend import BindsAsMethod
+
+from ._boundary import Call, Inside
+from ._errors import check_callable
+from ._vmap import StateAxes, lift_with_axes
+
+_REFUSED = {
+    "static_broadcasted_argnums": "arguments that are not arrays (Python numbers, strings, "
+    "other objects) are static already: pass them as they are",
+    "donate_argnums": "use `pytree_graph.jit` with donate_argnums (pmap's donation "
+    "refers to arrays, not to the objects holding them)",
+}
+
+
+def _check_axis(spec: Any, where: str) -> None:
+    if spec is None or (isinstance(spec, int) and not isinstance(spec, bool)):
+        return
+    if isinstance(spec, StateAxes):
+        return
+    raise TypeError(
+        f"pmap: {where} must be an int, None or a StateAxes, got {spec!r}. (Per-leaf axes "
+        "inside an argument are given with StateAxes({filter: axis}).)"
+    )
+
+
+class _GraphPmap(BindsAsMethod):
+    """The function `pmap` returns."""
+
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        in_axes: Any,
+        out_axes: Any,
+        pmap_kwargs: dict[str, Any],
+    ):
+        self._call = Call(fun)
+        if isinstance(in_axes, list):
+            in_axes = tuple(in_axes)
+        for i, spec in enumerate(in_axes if isinstance(in_axes, tuple) else (in_axes,)):
+            _check_axis(spec, f"in_axes[{i}]" if isinstance(in_axes, tuple) else "in_axes")
+        if out_axes is not None and not isinstance(out_axes, int):
+            raise TypeError(
+                f"pmap: out_axes must be an int or None (one axis for every output array), "
+                f"got {out_axes!r}."
+            )
+        self._in_axes = in_axes
+        self._out_axes = out_axes
+        self._pmap_kwargs = pmap_kwargs
+        functools.update_wrapper(self, fun, updated=())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        call = self._call
+        lifted, axes = lift_with_axes(
+            "pmap", call, args, kwargs, self._in_axes, "axis_size" in self._pmap_kwargs
+        )
+
+        def per_device(values: list[Any]) -> Any:
+            inside = Inside(lifted.graphdef, values)
+            outcome, values = inside.finish(
+                call.run(inside.tree), structure="fixed", transform="pmap"
+            )
+            return values[: outcome.num_leaves], outcome, values[outcome.num_leaves :]
+
+        values, outcome, out_values = jax.pmap(
+            per_device,
+            in_axes=(axes,),
+            out_axes=(axes, None, self._out_axes),
+            **self._pmap_kwargs,
+        )(lifted.values)
+        return lifted.apply(outcome, values + out_values)
+
+
+def pmap(
+    fun: Callable[..., Any] | None = None,
+    *,
+    in_axes: Any = 0,
+    out_axes: int | None = 0,
+    axis_name: Any = None,
+    **pmap_kwargs: Any,
+) -> Any:
+    """`jax.pmap` for functions of Modules and Variables, with axes chosen per filter.
+
+    As `vmap`, over devices: each positional argument is split over its devices along
+    an axis (an int), the same on every device (`None`), or, for an argument holding
+    Variables, per leaf with `StateAxes({filter: axis})`, e.g. parameters replicated
+    and per-device statistics split. Keyword arguments are split over axis 0, the
+    function itself (a Module, a bound method) is replicated. Variables written inside
+    are written back with their axis: a split Variable gets every device's value; a
+    replicated one keeps the first device's, so make it the same on all (e.g. with
+    `jax.lax.pmean` over `axis_name`). The objects' structure must not change inside.
+
+    Arguments:
+        fun: the function. Omit it to get a decorator.
+        in_axes: one spec for every positional argument, or a tuple with one per
+            argument; a spec is an int, `None` or a `StateAxes`.
+        out_axes: where the device axis goes in every output array (an int), or `None`.
+        axis_name: the name of the device axis, for collectives such as
+            `jax.lax.pmean`.
+        **pmap_kwargs: passed on to `jax.pmap` (`devices`, `backend`, `axis_size`).
+
+    Returns:
+        The function, mapped over devices.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import BatchStat, Param, StateAxes, pmap
+        >>> class Norm(Module):
+        ...     def __init__(self):
+        ...         self.scale = Param(jnp.array(2.0))
+        ...         self.mean = BatchStat(jnp.array(0.0))
+        ...     def __call__(self, x):
+        ...         self.mean.value = jax.lax.pmean(x.mean(), "devices")
+        ...         return self.scale.value * (x - self.mean.value)
+        >>> n = jax.local_device_count()
+        >>> norm = Norm()
+        >>> step = pmap(lambda m, x: m(x), in_axes=(StateAxes({...: None}), 0),
+        ...             axis_name="devices")
+        >>> out = step(norm, jnp.ones((n, 3)))
+        >>> out.shape == (n, 3), float(norm.mean.value)
+        (True, 1.0)
+    """
+    for name, how in _REFUSED.items():
+        if name in pmap_kwargs:
+            raise TypeError(f"pmap: {name} is not supported for functions of Modules: {how}.")
+    if fun is None:
+        return functools.partial(
+            pmap, in_axes=in_axes, out_axes=out_axes, axis_name=axis_name, **pmap_kwargs
+        )
+    check_callable(fun, "pmap")
+    return _GraphPmap(fun, in_axes, out_axes, {"axis_name": axis_name, **pmap_kwargs})

@@ -1,0 +1,297 @@
+"""An object graph as a plain pytree, and back: `to_tree`/`from_tree` (sharing kept), and
+`flatten`/`unflatten` (the graphdef with a flat list of `(path, leaf)` pairs)."""
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+from jax.tree_util import GetAttrKey, SequenceKey
+
+from pytree_filter import Path, path_text
+from pytree_module import Module
+
+from ._graphdef import GraphDef, build, merge
+from ._lift import value_of
+from ._split_merge import _lift, split
+from ._state import State
+from ._variables import Variable
+
+
+def _is_graph_node(value: Any) -> bool:
+    return isinstance(value, Module | Variable)
+
+
+class NodeState:
+    """What `to_tree` puts in place of each Module or Variable: its part of the State.
+
+    A pytree whose only child is a `State` (whose leaves are the arrays); the graphdef of
+    all the graph nodes `to_tree` was given, and this node's place among them, are static
+    data. A node met again (shared) has an empty State: its Variables are held where it
+    was first met.
+
+    Attributes:
+        graphdef: the `GraphDef` of the graph nodes of the whole `to_tree` call.
+        index: which of those nodes this is.
+        state: its `State` (for a Variable, the Variable itself).
+    """
+
+    __slots__ = ("graphdef", "index", "state")
+
+    def __init__(self, graphdef: GraphDef, index: int, state: Any):
+        self.graphdef = graphdef
+        self.index = index
+        self.state = state
+
+    def __repr__(self) -> str:
+        return f"NodeState(index={self.index}, state={self.state!r})"
+
+
+jax.tree_util.register_pytree_with_keys(
+    NodeState,
+    lambda n: (((GetAttrKey("state"), n.state),), (n.graphdef, n.index)),
+    lambda aux, children: NodeState(aux[0], aux[1], children[0]),
+    lambda n: ((n.state,), (n.graphdef, n.index)),
+)
+
+
+def to_tree(tree: Any) -> Any:
+    """An object graph as a plain pytree, for code that only speaks pytrees.
+
+    Every Module and Variable in `tree` is replaced by a `NodeState` (a pytree holding its
+    State); everything else stays as it is, so the result has the same outer structure
+    (`in_axes`-style prefixes still fit it). All graph nodes are split together: a Module
+    or Variable reachable from several places (even from different items of `tree`) is
+    held once, so flattening the result gives each shared array once, and `from_tree`
+    shares it again. Cycles (through `pytree=False` Modules) are kept the same way.
+
+    The States hold the graph's own Variables (as `split` gives them); anything JAX
+    returns holds new ones.
+
+    Arguments:
+        tree: any pytree holding Modules and Variables (a Module on its own too).
+
+    Returns:
+        The same pytree with a `NodeState` in place of each Module and Variable.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, from_tree, to_tree
+        >>> class Tied(Module):
+        ...     def __init__(self):
+        ...         self.encoder = Param(jnp.ones(2))
+        ...         self.decoder = self.encoder
+        >>> tree = to_tree(Tied())
+        >>> len(jax.tree.leaves(tree))  # the shared Param once
+        1
+        >>> model = from_tree(jax.jit(lambda t: jax.tree.map(lambda x: x * 3, t))(tree))
+        >>> model.encoder is model.decoder, model.decoder.value.tolist()
+        (True, [3.0, 3.0])
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_graph_node)
+    positions = [i for i, leaf in enumerate(leaves) if _is_graph_node(leaf)]
+    if not positions:
+        return tree
+    graphdef, state = split([leaves[i] for i in positions])
+    for index, position in enumerate(positions):
+        leaves[position] = NodeState(graphdef, index, state[index] if index in state else State())
+    return treedef.unflatten(leaves)
+
+
+def _is_node_state(value: Any) -> bool:
+    return isinstance(value, NodeState)
+
+
+def from_tree(tree: Any) -> Any:
+    """Rebuild the object graph `to_tree` turned into a pytree.
+
+    Each `NodeState` becomes a Module or Variable again, shared where the original was
+    (a node met twice is the same object twice). The graph's Variables are new objects
+    (copies of those in the States), so changing the result leaves `tree` as it was.
+
+    Arguments:
+        tree: the pytree `to_tree` returned (or one made from it by JAX, e.g. by
+            `jax.tree.map` or as the output of `jax.jit`), whole.
+
+    Returns:
+        The same pytree with each `NodeState` replaced by its Module or Variable.
+
+    Raises:
+        ValueError: `tree` holds `NodeState`s of several `to_tree` calls, or not all of
+            those of one call.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_graph import Param, from_tree, to_tree
+        >>> shared = Param(jnp.zeros(2))
+        >>> pair = from_tree(to_tree({"a": shared, "b": shared}))
+        >>> pair["a"] is pair["b"], pair["a"] is shared
+        (True, False)
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_node_state)
+    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, NodeState)]
+    if not positions:
+        return tree
+    graphdef = leaves[positions[0]].graphdef
+    count = len(graphdef.root.children)
+    states: dict[int, State] = {}
+    for position in positions:
+        node = leaves[position]
+        if node.graphdef != graphdef or node.index in states:
+            raise ValueError(
+                "from_tree: the tree holds NodeStates made by different `to_tree` calls. "
+                "Call `from_tree` on each result of `to_tree` on its own, or call "
+                "`to_tree` once on everything (e.g. `to_tree((model, optimizer))`)."
+            )
+        states[node.index] = node.state
+    missing = sorted(set(range(count)) - set(states))
+    if missing:
+        raise ValueError(
+            f"from_tree: the tree holds {len(states)} of the {count} NodeStates that "
+            f"`to_tree` made (missing: {missing}). Pass the whole tree `to_tree` returned: "
+            "shared Variables are held by one NodeState only."
+        )
+    nodes = merge(graphdef, State(states), copy=True)
+    for position in positions:
+        leaves[position] = nodes[leaves[position].index]
+    return treedef.unflatten(leaves)
+
+
+class FlatState(Sequence):
+    """The leaves of a graph with their paths, in the graphdef's order: what `flatten`
+    returns. A sequence of `(path, leaf)` pairs, and a pytree whose leaves are the
+    leaves' arrays (the paths are static), so it goes through `jax.jit` as it is.
+
+    Arguments:
+        paths: the path of each leaf (tuples of keys).
+        leaves: the Variables or arrays, one per path.
+
+    Examples:
+        >>> from pytree_graph import FlatState, Param
+        >>> flat = FlatState((("w",),), [Param(1.0)])
+        >>> [(path, leaf.value) for path, leaf in flat]
+        [(('w',), 1.0)]
+    """
+
+    __slots__ = ("leaves", "paths")
+
+    def __init__(self, paths: Sequence[Path], leaves: Sequence[Any]):
+        if len(paths) != len(leaves):
+            raise ValueError(
+                f"FlatState needs one leaf per path, got {len(paths)} paths and "
+                f"{len(leaves)} leaves."
+            )
+        self.paths = tuple(paths)
+        self.leaves = list(leaves)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return FlatState(self.paths[i], self.leaves[i])
+        return self.paths[i], self.leaves[i]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __iter__(self) -> Iterator[tuple[Path, Any]]:
+        return zip(self.paths, self.leaves, strict=True)
+
+    def __repr__(self) -> str:
+        items = ", ".join(f"{path_text(p)}: {leaf!r}" for p, leaf in self)
+        return f"FlatState({items})"
+
+    def to_nested_state(self) -> State:
+        """The same leaves as a nested `State`."""
+        return State.from_flat_path(dict(self))
+
+
+jax.tree_util.register_pytree_with_keys(
+    FlatState,
+    lambda f: (tuple((SequenceKey(i), leaf) for i, leaf in enumerate(f.leaves)), f.paths),
+    lambda paths, leaves: FlatState(paths, leaves),
+    lambda f: (f.leaves, f.paths),
+)
+
+
+def flatten(node: Any, *, with_paths: bool = True) -> tuple[GraphDef, Any]:
+    """The graphdef of an object graph and its leaves as a flat list.
+
+    The same as `split(node)` with the State flat: the leaves come in the graphdef's
+    order, each shared Variable once, and are the graph's own Variables (or arrays).
+
+    Arguments:
+        node: a Module (or a list, dict or tuple of them).
+        with_paths: return `(path, leaf)` pairs (a `FlatState`); with False, a list of
+            the bare values (each Variable's `.value`, or the array).
+
+    Returns:
+        `(graphdef, flat_state)`, or `(graphdef, values)` with `with_paths=False`.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, flatten, unflatten
+        >>> class Linear(Module):
+        ...     def __init__(self):
+        ...         self.w = Param(jnp.ones(2))
+        ...         self.b = Param(jnp.zeros(2))
+        >>> graphdef, flat = flatten(Linear())
+        >>> [path for path, _ in flat]
+        [('b',), ('w',)]
+        >>> graphdef, values = flatten(Linear(), with_paths=False)
+        >>> unflatten(graphdef, [v + 1 for v in values]).w.value.tolist()
+        [2.0, 2.0]
+    """
+    lifted = _lift(node, "flatten")
+    if not with_paths:
+        return lifted.graphdef, [value_of(leaf) for leaf in lifted.leaves]
+    return lifted.graphdef, FlatState(lifted.graphdef.paths, lifted.leaves)
+
+
+def unflatten(graphdef: GraphDef, flat_state: Any, *, copy: bool = False) -> Any:
+    """Build an object graph from a graphdef and its leaves (the inverse of `flatten`).
+
+    Arguments:
+        graphdef: from `flatten` (or `split`).
+        flat_state: a `FlatState` (its paths must be the graphdef's), a list of values
+            in the graphdef's leaf order (as `flatten(..., with_paths=False)` gives), or
+            a `State`. Variables in it are placed in the graph as they are; bare values
+            get new Variables of the graphdef's types and metadata.
+        copy: place copies of the Variables instead, so the new graph shares none.
+
+    Returns:
+        The new graph.
+
+    Raises:
+        TypeError: `graphdef` is not a GraphDef, or `flat_state` is none of the above.
+        ValueError: the paths or the number of values do not match the graphdef.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_graph import Param, flatten, unflatten
+        >>> graphdef, flat = flatten([Param(jnp.ones(2))])
+        >>> unflatten(graphdef, flat)[0] is flat[0][1]
+        True
+    """
+    if not isinstance(graphdef, GraphDef):
+        raise TypeError(
+            f"unflatten expects a GraphDef first (from `flatten`), got "
+            f"{type(graphdef).__name__}. Call it as `unflatten(graphdef, flat_state)`."
+        )
+    if isinstance(flat_state, FlatState):
+        if flat_state.paths == graphdef.paths:
+            return build(graphdef, flat_state.leaves, copy=copy)
+        return merge(graphdef, flat_state.to_nested_state(), copy=copy)
+    if isinstance(flat_state, Mapping):
+        return merge(graphdef, flat_state, copy=copy)
+    if isinstance(flat_state, list | tuple):
+        if len(flat_state) != graphdef.num_leaves:
+            raise ValueError(
+                f"unflatten: {len(flat_state)} values for a graphdef of "
+                f"{graphdef.num_leaves} leaves. Pass the values `flatten(node, "
+                "with_paths=False)` returned, in their order."
+            )
+        return build(graphdef, flat_state, copy=copy)
+    raise TypeError(
+        f"unflatten expects a FlatState, a list of values or a State as `flat_state`, got "
+        f"a {type(flat_state).__name__}."
+    )

@@ -1,0 +1,266 @@
+"""`scan` with `in_axes`/`out_axes` and `Carry` (the Flax NNX form), over stacks of layers
+built with `vmap`, and `transform_metadata`."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import pytree_graph as pg
+from pytree_graph import PARTITION_NAME, BatchStat, Carry, Param, StateAxes
+from pytree_module import Module
+
+
+class Block(Module):
+    def __init__(self, key):
+        self.w = Param(jax.random.normal(key, (3, 3)) * 0.5, sharding=(None, "model"))
+        self.mean = BatchStat(jnp.zeros(3))
+
+    def __call__(self, x):
+        y = x @ self.w.value
+        self.mean.value = 0.9 * self.mean.value + 0.1 * y.mean(0)
+        return jax.nn.relu(y)
+
+
+def make_stack(layers=4, **kwargs):
+    create = pg.vmap(lambda key: Block(key), in_axes=0, out_axes=0, **kwargs)
+    return create(jax.random.split(jax.random.key(0), layers))
+
+
+def by_hand(x, w, mean):
+    """The loop over layers, written out: its output and the new statistics."""
+    means = []
+    for i in range(w.shape[0]):
+        y = x @ w[i]
+        means.append(0.9 * mean[i] + 0.1 * y.mean(0))
+        x = jax.nn.relu(y)
+    return x, jnp.stack(means)
+
+
+@pg.scan(in_axes=(Carry, 0), out_axes=Carry)
+def forward(x, block):
+    return block(x)
+
+
+def test_scan_over_layers_built_by_vmap_writes_the_statistics_back():
+    blocks = make_stack()
+    assert blocks.w.value.shape == (4, 3, 3) and blocks.mean.value.shape == (4, 3)
+    w, mean = blocks.w.value, blocks.mean.value
+    x = jnp.arange(6.0).reshape(2, 3)
+    y = forward(x, blocks)
+    expected, expected_mean = by_hand(x, w, mean)
+    assert jnp.allclose(y, expected, atol=1e-6)
+    assert jnp.allclose(blocks.mean.value, expected_mean, atol=1e-6)
+    assert blocks.w.value is w  # not written, not replaced
+
+
+def test_scan_over_layers_under_jit_and_grad():
+    blocks = make_stack()
+    x = jnp.ones((2, 3))
+    expected, expected_mean = by_hand(x, blocks.w.value, blocks.mean.value)
+    w = blocks.w.value
+    y = pg.jit(lambda b, x: forward(x, b))(blocks, x)
+    assert jnp.allclose(y, expected, atol=1e-6)
+    assert jnp.allclose(blocks.mean.value, expected_mean, atol=1e-6)
+
+    grads = pg.grad(lambda b: forward(x, b).sum())(blocks)
+
+    def loss(w):
+        return by_hand(x, w, blocks.mean.value)[0].sum()
+
+    assert jnp.allclose(grads["w"].value, jax.grad(loss)(w), atol=1e-5)
+
+
+def test_scan_as_a_method_decorator_and_with_stacked_outputs():
+    class Stack(Module):
+        def __init__(self):
+            self.blocks = make_stack(3)
+
+        @pg.scan(in_axes=(0, Carry), out_axes=(Carry, 0))
+        def step(self, x):
+            return self.blocks(x), x.sum()
+
+    stack = Stack()
+    w, mean = stack.blocks.w.value, stack.blocks.mean.value
+    x = jnp.ones((2, 3))
+    # `self` is scanned over: each step gets the Stack with one layer's slices.
+    y, sums = stack.step(x)
+    assert jnp.allclose(y, by_hand(x, w, mean)[0], atol=1e-6)
+    assert sums.shape == (3,) and float(sums[0]) == 6.0
+
+
+def test_a_module_carry_comes_back_as_the_callers_object():
+    class Total(Module):
+        def __init__(self):
+            self.value = BatchStat(jnp.array(0.0))
+
+    @pg.scan(in_axes=(Carry, 0), out_axes=Carry)
+    def add(total, x):
+        total.value.value += x
+        return total
+
+    total = Total()
+    assert add(total, jnp.arange(4.0)) is total
+    assert float(total.value.value) == 6.0
+
+
+def test_carry_inside_a_tuple_keeps_the_callers_objects():
+    class Total(Module):
+        def __init__(self):
+            self.value = BatchStat(jnp.array(0.0))
+
+    total = Total()
+    step = pg.scan(lambda c, x: ((c[0], c[1] + x), x * 2), in_axes=(Carry, 0), out_axes=(Carry, 0))
+    (same, count), ys = step((total, 0), jnp.arange(3.0))
+    assert same is total and float(count) == 3.0 and ys.tolist() == [0.0, 2.0, 4.0]
+
+
+def test_roles_axes_and_reverse():
+    # in_axes=1 / out_axes=1: scanned over and stacked along the second axis.
+    step = pg.scan(lambda c, x: (c + x.sum(), x * 2), in_axes=(Carry, 1), out_axes=(Carry, 1))
+    c, ys = step(jnp.array(0.0), jnp.arange(6.0).reshape(2, 3))
+    assert float(c) == 15.0 and ys.shape == (2, 3)
+    assert jnp.array_equal(ys, jnp.arange(6.0).reshape(2, 3) * 2)
+    # No carry at all: every argument scanned.
+    assert pg.scan(lambda x: x * 2, in_axes=0, out_axes=0)(jnp.arange(3.0)).tolist() == [
+        0.0,
+        2.0,
+        4.0,
+    ]
+    # A broadcast argument is the same every step; reverse scans from the end.
+    c, ys = pg.scan(lambda c, k, x: (c * 10 + x * k, c), in_axes=(Carry, None, 0), reverse=True)(
+        0, 1, jnp.arange(3)
+    )
+    assert int(c) == 210 and ys.tolist() == [21, 2, 0]
+    # The default roles are jax.lax.scan's: f(carry, x) -> (carry, y).
+    c, ys = pg.scan(lambda c, x: (c + x, c))(0.0, jnp.arange(3.0))
+    assert float(c) == 3.0 and ys.tolist() == [0.0, 0.0, 1.0]
+    # Only the carry, for a given number of steps.
+    assert int(pg.scan(lambda c: c + 1, in_axes=Carry, out_axes=Carry, length=5)(0)) == 5
+
+
+def test_a_carried_filter_of_a_broadcast_argument():
+    class Counter(Module):
+        def __init__(self):
+            self.scale = Param(jnp.array(2.0))
+            self.count = BatchStat(jnp.array(0.0))
+
+    counter = Counter()
+
+    @pg.scan(in_axes=(Carry, StateAxes({BatchStat: Carry, ...: None}), 0), out_axes=Carry)
+    def run(x, counter, xs):
+        counter.count.value += 1
+        return x + xs * counter.scale.value
+
+    assert float(run(jnp.array(0.0), counter, jnp.arange(3.0))) == 6.0
+    assert float(counter.count.value) == 3.0
+
+
+def test_writing_a_broadcast_variable_is_refused():
+    # Flax NNX drops such writes silently; here they are an error naming the Variable.
+    class Counter(Module):
+        def __init__(self):
+            self.count = BatchStat(jnp.array(0.0))
+
+    counter = Counter()
+
+    @pg.scan(in_axes=(Carry, None, 0), out_axes=Carry)
+    def run(x, counter, xs):
+        counter.count.value += 1
+        return x + xs
+
+    with pytest.raises(ValueError, match=r"wrote the BatchStat at argument 1 at \.count"):
+        run(jnp.array(0.0), counter, jnp.arange(3.0))
+    assert float(counter.count.value) == 0.0
+
+
+def test_transform_metadata_names_the_layer_axis():
+    blocks = make_stack(transform_metadata={PARTITION_NAME: "layers"})
+    assert blocks.w.sharding == ("layers", None, "model")
+    assert tuple(pg.get_partition_spec(blocks)["w"].value) == ("layers", None, "model")
+    assert "sharding" not in blocks.mean.metadata  # none before, none added (as in NNX)
+    seen = []
+
+    @pg.scan(in_axes=(Carry, 0), out_axes=(Carry, 0), transform_metadata={PARTITION_NAME: "layers"})
+    def run(x, block):
+        seen.append(block.w.sharding)
+        return block(x), Param(block.w.value[0], sharding=("model",))
+
+    x = jnp.ones((2, 3))
+    _, rows = run(x, blocks)
+    assert seen == [(None, "model")]
+    assert blocks.w.sharding == ("layers", None, "model")  # put back after
+    assert rows.value.shape == (4, 3) and rows.sharding == ("layers", "model")
+    # A Variable whose metadata does not name the axis is an error, not a silent mislabel.
+    with pytest.raises(ValueError, match="without 'stack' at its axis 0"):
+        pg.scan(
+            forward.__wrapped__,
+            in_axes=(Carry, 0),
+            out_axes=Carry,
+            transform_metadata={PARTITION_NAME: "stack"},
+        )(x, blocks)
+
+
+def test_transform_metadata_in_vmap_of_mapped_arguments():
+    blocks = make_stack(transform_metadata={PARTITION_NAME: "layers"})
+    seen = []
+
+    def norm(block):
+        seen.append(block.w.sharding)
+        return (block.w.value**2).sum()
+
+    out = pg.vmap(norm, transform_metadata={PARTITION_NAME: "layers"})(blocks)
+    assert out.shape == (4,) and seen == [(None, "model")]
+    assert blocks.w.sharding == ("layers", None, "model")
+
+
+def test_the_jax_lax_form_and_ambiguous_calls():
+    blocks = make_stack(2)
+    x = jnp.ones((2, 3))
+    y, _ = pg.scan(lambda x, block: (block(x), None), x, blocks)
+    assert y.shape == (2, 3)
+    y, ys = pg.scan(lambda c, x: (c + x, c), init=0.0, xs=jnp.arange(3.0))
+    assert float(y) == 3.0 and ys.tolist() == [0.0, 0.0, 1.0]
+    with pytest.raises(TypeError, match="got both `init`"):
+        pg.scan(lambda c, x: (c, x), 0.0, jnp.arange(3.0), in_axes=(Carry, 0))
+    with pytest.raises(TypeError, match="got both `init`"):
+        pg.scan(lambda c, x: (c, x), None, transform_metadata={PARTITION_NAME: "layers"})
+    with pytest.raises(TypeError, match="got `xs` but no `init`"):
+        pg.scan(lambda c, x: (c, x), xs=jnp.arange(3.0))
+
+
+def test_errors_name_what_is_wrong():
+    with pytest.raises(ValueError, match="Carry must be in both in_axes and out_axes"):
+        pg.scan(lambda c, x: c, in_axes=(Carry, 0), out_axes=0)
+    with pytest.raises(TypeError, match=r"out_axes\[1\] is None"):
+        pg.scan(lambda c, x: (c, x), out_axes=(Carry, None))
+    with pytest.raises(ValueError, match="Carry more than once"):
+        pg.scan(lambda c, x: (c, x), in_axes=(Carry, Carry))
+    with pytest.raises(TypeError, match="must be Carry, an int"):
+        pg.scan(lambda c, x: (c, x), in_axes=(Carry, "0"))
+    with pytest.raises(TypeError, match="not `Carry\\(\\)`"):
+        Carry()
+    step = pg.scan(lambda c, x: (c, x))
+    with pytest.raises(ValueError, match="in_axes has 2 entries"):
+        step(jnp.zeros(()))
+    with pytest.raises(TypeError, match="pass every argument positionally"):
+        step(jnp.zeros(()), xs=jnp.arange(3.0))
+    with pytest.raises(ValueError, match="nothing is scanned over"):
+        pg.scan(lambda c: c, in_axes=Carry, out_axes=Carry)(jnp.zeros(()))
+    with pytest.raises(ValueError, match="a tuple of 2"):
+        pg.scan(lambda c, x: c)(jnp.zeros(()), jnp.arange(3.0))
+
+    blocks = make_stack(2)
+
+    @pg.scan(in_axes=(Carry, 0), out_axes=Carry)
+    def grow(model, x):
+        model.extra = Param(x)
+        return model
+
+    class Holder(Module):
+        def __init__(self):
+            self.w = Param(jnp.zeros(()))
+
+    with pytest.raises(ValueError, match="do not have the structure they came in with"):
+        grow(Holder(), jnp.arange(2.0))
+    with pytest.raises(ValueError, match="one object, but in_axes gives it two specs"):
+        pg.scan(lambda a, b: a, in_axes=(Carry, 0), out_axes=Carry)(blocks, blocks)
