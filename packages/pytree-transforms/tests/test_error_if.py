@@ -262,3 +262,33 @@ def test_mode_breakpoint_opens_the_debugger_then_goes_on_with_nans():
     # The debugger shows the user's frame, whose `x` is printed on request.
     assert "(jdb)" in done.stdout and "Array(-1., dtype=float32)" in done.stdout
     assert "result nan" in done.stdout
+
+
+def test_a_backend_going_on_past_a_failed_check_gets_poisoned_values(monkeypatch):
+    # GPUs run programs asynchronously: the callback's failure does not stop the call.
+    # Simulate a backend that swallows it (leaving zeros, which look valid): what comes out
+    # of the check must be poisoned, never `x`'s own values or the zeros.
+    from pytree_transforms import _error_if
+
+    original = jax.pure_callback
+
+    def swallowing(callback, result_shape, *args, **kwargs):
+        def safe(*values):
+            try:
+                return callback(*values)
+            except RuntimeCheckError:
+                return [np.zeros(s.shape, s.dtype) for s in result_shape]
+
+        return original(safe, result_shape, *args, **kwargs)
+
+    monkeypatch.setattr(_error_if.jax, "pure_callback", swallowing)
+
+    @jax.jit
+    def checked(x, n):
+        x, n = error_if((x, n), x < 0, "x must be nonnegative")
+        return x, n
+
+    x, n = checked(jnp.array([1.0, -2.0]), jnp.array(3))
+    assert np.isnan(x).all() and int(n) == np.iinfo(np.int32).max
+    x, n = checked(jnp.array([1.0, 2.0]), jnp.array(3))  # passing checks are untouched
+    assert x.tolist() == [1.0, 2.0] and int(n) == 3

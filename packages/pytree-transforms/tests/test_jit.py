@@ -397,7 +397,8 @@ def test_compile_takes_compiler_options_and_stages_expose_jax_analyses():
     compiled = lowered.compile(compiler_options={"xla_backend_optimization_level": 0})
     assert compiled(jnp.full(2, 2.0), 3).tolist() == [6.0, 6.0]
     assert "multiply" in str(lowered.compiler_ir())
-    assert lowered.cost_analysis() is not None
+    # XLA estimates costs before compiling on CPU; on GPUs only the compiled program has them.
+    assert lowered.cost_analysis() is not None or jax.default_backend() != "cpu"
     assert compiled.cost_analysis() is not None and compiled.memory_analysis() is not None
     assert isinstance(lowered.lowered, jax.stages.Lowered)
     assert isinstance(compiled.compiled, jax.stages.Compiled)

@@ -193,7 +193,7 @@ class SpecTable:
                 return found
         if not strict:
             return NO_ENTRY
-        what = "value" if leaf is None else type(leaf).__name__
+        what = type(leaf).__name__ if isinstance(leaf, Variable) else "value"
         raise ValueError(
             f"{self.where} has no entry for the {what} at {path_text(path)}. "
             "Build a per-Variable spec from the same object it is given for (e.g. "

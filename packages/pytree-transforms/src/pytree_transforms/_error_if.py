@@ -179,15 +179,22 @@ def _on_failure(config: tuple[Any, ...], leaves: list[Any], pred: Any, index: An
         print(f"RuntimeCheckError: {_message(msgs, index, where)}", file=sys.stderr)
         return index
 
+    def poisoned(_: Any) -> list[Any]:
+        return [_poisoned_struct(s) for s in structs]
+
     def fails() -> list[Any]:
         if mode == "raise":
-            return jax.pure_callback(raises, structs, index)
+            failed = jax.pure_callback(raises, structs, index)
+            # Should a backend go on past the failed callback (GPUs run programs
+            # asynchronously, and the failure reaches Python only when a result is used),
+            # what goes on is poisoned values, never `x`'s own, which would look valid.
+            return jax.pure_callback(poisoned, structs, failed)
         token = jax.pure_callback(announce, jax.ShapeDtypeStruct((), index.dtype), index)
         # One frame, the user's: capturing more frames' variables can fail to trace.
         token = jax.debug.breakpoint(token=token, num_frames=1)
         # Continuing from the debugger goes on with poisoned values, as in mode "nan"; the
         # callback takes the token so that it runs after the debugger is left.
-        return jax.pure_callback(lambda _: [_poisoned_struct(s) for s in structs], structs, token)
+        return jax.pure_callback(poisoned, structs, token)
 
     return lax.cond(pred, fails, lambda: leaves)
 
