@@ -46,16 +46,15 @@ from _cases import Case, Runner, Target, built_case, mlp_arrays
 from _report import Invocation, log, report_head, run_script, section, target_lines
 from _timing import dist_version
 
+# The same models as bench_graph's (a `Linear` of two Params; NNX's equivalent).
+from bench_graph import MLP, Linear, nnx
+
 import pytree_graph
 import pytree_module
-from pytree_graph import Param
-from pytree_module import Module
 from pytree_nn import Optimizer
 
-try:
-    from flax import nnx
-except ImportError:
-    nnx = None
+if nnx is not None:
+    from bench_graph import NnxLinear, NnxMLP
 
 DEPTH = 32
 WIDTHS = (32, 512)
@@ -66,45 +65,6 @@ BASE = "jax.jit(step)(params, opt_state, x), rebound"
 PARTIAL = "pytree_graph.jit_partial(step, model, optimizer)(x)"
 GRAPH_JIT = "pytree_graph.jit(step)(model, optimizer, x)"
 PARTIAL_TARGET = Target("<= 1.05x jax.jit on a dict", 1.05)
-
-
-class Linear(Module):
-    def __init__(self, w: jax.Array, b: jax.Array):
-        self.w = Param(w)
-        self.b = Param(b)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return x @ self.w.value + self.b.value
-
-
-class MLP(Module):
-    def __init__(self, layers: list[Linear]):
-        self.layers = layers
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        for layer in self.layers[:-1]:
-            x = jax.nn.relu(layer(x))
-        return self.layers[-1](x)
-
-
-if nnx is not None:
-
-    class NnxLinear(nnx.Module):
-        def __init__(self, w: jax.Array, b: jax.Array):
-            self.w = nnx.Param(w)
-            self.b = nnx.Param(b)
-
-        def __call__(self, x: jax.Array) -> jax.Array:
-            return x @ self.w[...] + self.b[...]
-
-    class NnxMLP(nnx.Module):
-        def __init__(self, layers: list[NnxLinear]):
-            self.layers = nnx.List(layers)
-
-        def __call__(self, x: jax.Array) -> jax.Array:
-            for layer in self.layers[:-1]:
-                x = jax.nn.relu(layer(x))
-            return self.layers[-1](x)
 
 
 def _keys(depth: int) -> list[tuple[str, str]]:

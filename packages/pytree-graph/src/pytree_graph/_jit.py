@@ -21,7 +21,6 @@ from ._graphdef import GraphDef
 from ._lift import LiftedCall, Reordered
 from ._lift_cache import lift_cache
 from ._outcome import NOTHING_CHANGED, Outcome, ValuesChanged
-from ._traverse import GraphWalk
 from ._variables import Variable
 
 
@@ -61,14 +60,8 @@ class _GraphJit(BindsAsMethod):
                 layout.check_shared(inside)
             outcome, out_values = inside.finish(call.run(inside.tree))
             # A donated Variable the function did not write still needs a live value.
-            leaves = GraphWalk()
-            leaves.graphdef(inside.tree)
-            donated_variables = tuple(
-                p
-                for p, (d, leaf) in enumerate(zip(mask, leaves.leaves, strict=True))
-                if d and isinstance(leaf, Variable)
-            )
-            outcome, out_values = return_donated(inside, outcome, out_values, donated_variables)
+            donated = tuple(p for p, d in enumerate(mask) if d)
+            outcome, out_values = return_donated(inside, outcome, out_values, donated)
             if layout is None:
                 return outcome, out_values
             return outcome, layout.outputs(inside, outcome, out_values)
@@ -342,13 +335,16 @@ def return_donated(
     program passes through without a copy."""
     if not donated or type(outcome) is not ValuesChanged or outcome.carries_all:
         return outcome, values  # nothing donated, or the whole graph is written back already
+    after = inside.after
+    assert after is not None
+    # Donated arrays held outside Variables are the caller's to lose, as with `jax.jit`.
+    donated = [p for p in donated if isinstance(after.leaves[p], Variable)]
     written = set(outcome.changed)
     if written.issuperset(donated):
         return outcome, values
     changed = tuple(sorted(written.union(donated)))
-    assert inside.after is not None
     out_values = values[len(outcome.changed) :]
-    values = [inside.after.values[p] for p in changed] + out_values
+    values = [after.values[p] for p in changed] + out_values
     return dataclasses.replace(outcome, changed=changed), values
 
 
@@ -512,11 +508,7 @@ class _Shardings:
         values = list(values)
         if self.given is not None:
             num_args = self.call.num_args(inside.graphdef)
-            leaves = None
-            if self.given.by_filter:
-                walk = GraphWalk()
-                walk.graphdef(inside.tree)
-                leaves = [walk.leaves[position] for position in positions]
+            leaves = [after.leaves[p] for p in positions] if self.given.by_filter else None
             shardings = self.given.for_leaves(
                 self.call, written, leaves, num_args, of_function=_unconstrained, strict=False
             )
