@@ -149,7 +149,8 @@ def method_lines(
     )
     calls = f"(at least {fewest} calls per case in all)"
     how = f"{loops}. {slow} {calls}." if slow else f"{loops} {calls}."
-    return [how + " Repeats of the cases of one measurement are interleaved, in a rotating order."]
+    order = "in a new shuffled order each round"
+    return [how + f" Repeats of the cases of one measurement are interleaved, {order}."]
 
 
 def spread_lines(timings: Mapping[str, Timing]) -> list[str]:

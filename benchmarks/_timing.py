@@ -7,8 +7,12 @@ Method, in short:
 * `compare(cases)` times several implementations of one operation. Each case is warmed up, then
   given a loop size ``number`` so that one repeat (a loop of ``number`` calls) lasts about
   ``repeat_s`` seconds. The repeats of all cases are interleaved (case A, case B, ..., then again,
-  in a rotated order), so that a change in machine load during the run hits every case alike,
-  and the median of the per-call times over the repeats is reported. The garbage collector is
+  in a new shuffled order each round), so that a change in machine load during the run hits every
+  case alike, and the median of the per-call times over the repeats is reported. The order is
+  shuffled (seeded, so runs repeat) rather than rotated: the first calls after switching from
+  one compiled program to another are slower, and rotating keeps each case right after the
+  same other one (B after A, every round), charging that one switch to it every time. The
+  garbage collector is
   off while a loop runs (as in `timeit`).
 * `Row` and `markdown_table` turn the results into the table that every benchmark prints.
 
@@ -27,6 +31,7 @@ import dataclasses
 import importlib.metadata
 import os
 import platform
+import random
 import statistics
 import sys
 import timeit
@@ -115,10 +120,11 @@ def compare(cases: Mapping[str, Timeable], settings: Settings) -> dict[str, Timi
     numbers = {name: _calibrate(timer, settings) for name, timer in timers.items()}
     samples: dict[str, list[float]] = {name: [] for name in timers}
     names = list(timers)
-    for i in range(settings.repeat):
-        # Rotate the order each round so that no case always runs first or after another.
-        shift = i % len(names)
-        for name in names[shift:] + names[:shift]:
+    order = random.Random(0)  # seeded: the same orders in every run
+    for _ in range(settings.repeat):
+        # A new order each round, so that no case always runs first or after another.
+        order.shuffle(names)
+        for name in names:
             samples[name].append(timers[name].timeit(numbers[name]) / numbers[name])
     result = {}
     for name, values in samples.items():

@@ -1,13 +1,15 @@
 """jit_partial and cached_partial: bound objects read and written without a walk per call,
 yet every change made outside between calls seen (or refused), never a stale answer."""
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import pytest
 
 import pytree_graph as pg
 from pytree_graph import Param, Variable
-from pytree_module import Module, TraceContextError, static
+from pytree_module import Dict, List, Module, TraceContextError, static
 
 
 class Linear(Module):
@@ -71,6 +73,143 @@ def test_value_written_outside_is_read_by_the_next_call():
     assert apply(x).tolist() == [2.0, 2.0]
     model.w.value = jnp.full((2, 2), 3.0)
     assert apply(x).tolist() == [6.0, 6.0]
+
+
+def _bump(model, by):
+    """Writes `w` only (never `b`), returns both: shows what each call was given."""
+    model.w.value = model.w.value + by
+    return model.w.value[0, 0], model.b.value[0]
+
+
+# Every way a value can reach a Variable between two calls of a bound function: each must
+# be read by the next call (a call passes on the values the last one wrote unless a value
+# was written since). Each factory takes the model and gives the write; a write through a
+# transform is made once before (so that the one between calls runs compiled, not traced).
+WRITERS = {
+    "value setter": lambda m: lambda: setattr(m.w, "value", m.w.value + 7.0),
+    "set_value": lambda m: lambda: m.w.set_value(m.w.value * 3.0),
+    "setitem": lambda m: lambda: m.w.__setitem__((...,), 10.0),
+    "pg.jit": lambda m: partial(pg.jit(_add_to_w), m, 10.0),
+    "another jit_partial": lambda m: partial(pg.jit_partial(_add_to_w, m), 10.0),
+    "update": lambda m: lambda: pg.update(m, {"w": m.w.value + 10.0}),
+    "state update": lambda m: lambda: pg.update(m, pg.State({"w": Param(m.w.value + 10.0)})),
+    "merge in place": lambda m: lambda: pg.update(m, _state_with_w(m, 10.0)),
+    "vmap write back": lambda m: partial(
+        pg.vmap(lambda m, v, _: _add_to_w(m, v), in_axes=(None, None, 0)), m, 10.0, jnp.arange(3)
+    ),
+}
+
+
+def _add_to_w(model, value):
+    model.w.value = model.w.value + value
+
+
+def _state_with_w(model, value):
+    state = pg.state(model)
+    state.replace_by_pure_dict({"w": model.w.value + value, "b": model.b.value})
+    return state
+
+
+@pytest.mark.parametrize("writer", list(WRITERS))
+def test_every_way_of_writing_a_value_between_calls_is_read(writer):
+    # The reference first, in full: its writes must not run between the bound calls (any
+    # write of any Variable makes the next call read its values again).
+    reference = Linear()
+    write_reference = WRITERS[writer](reference)
+    write_reference()
+    _bump(reference, 1.0)
+    _bump(reference, 1.0)
+    write_reference()
+    expected = [float(v) for v in _bump(reference, 1.0)]
+    model = Linear()
+    write = WRITERS[writer](model)
+    write()
+    bump = pg.jit_partial(_bump, model)
+    bump(1.0)
+    bump(1.0)  # passes on what the first call wrote
+    write()
+    assert [float(v) for v in bump(1.0)] == expected
+    assert jnp.array_equal(model.w.value, reference.w.value)
+
+
+@pytest.fixture
+def synchronous_dispatch():
+    """Host callbacks run before a call returns (as on a CPU with synchronous dispatch)."""
+    before = jax.config.read("jax_cpu_enable_async_dispatch")
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+    yield
+    jax.config.update("jax_cpu_enable_async_dispatch", before)
+
+
+def test_a_value_written_while_a_call_runs_is_read_by_the_next(synchronous_dispatch):
+    # Host code writes `b` while the step runs (as another thread could): the values the
+    # call passes on to the next one must not hide that write.
+    model = Linear()
+    written = []
+
+    def write_b():
+        written.append(len(written) + 1.0)
+        model.b.value = jnp.full(2, written[-1])
+
+    def step(m, x):
+        m.w.value = m.w.value + x
+        jax.debug.callback(write_b)
+        return m.b.value[0]
+
+    train = pg.jit_partial(step, model)
+    seen = [float(train(1.0)) for _ in range(4)]
+    assert seen == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_variable_the_step_does_not_write_keeps_its_value_and_its_outside_writes():
+    model = Linear()
+    bump = pg.jit_partial(_bump, model)
+    for _ in range(3):
+        w, b = bump(1.0)
+    assert (float(w), float(b)) == (4.0, 0.0)
+    model.b.value = jnp.full(2, 5.0)
+    w, b = bump(1.0)
+    assert (float(w), float(b)) == (5.0, 5.0)
+    w, b = bump(1.0)
+    assert (float(w), float(b)) == (6.0, 5.0)
+
+
+def test_repeated_calls_donating_bound_state_match_jit():
+    model, reference = Model(), Model()
+    train = pg.jit_partial(step, model, donate_argnums=0)
+    x = jnp.ones(2)
+    for _ in range(4):
+        assert jnp.allclose(train(x), pg.jit(step)(reference, x))
+    assert_same(params(model), params(reference))
+    assert not any(v.is_deleted() for v in params(model))
+
+
+@pytest.mark.parametrize("change", ["List item", "List append", "Dict item", "Dict delete"])
+def test_changes_to_List_and_Dict_are_seen(change):
+    class Blocks(Module):
+        def __init__(self):
+            self.layers = List([Linear(), Linear(2.0)])
+            self.extra = Dict(a=Linear(3.0))
+
+        def __call__(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return sum((layer(x) for layer in self.extra.values()), x)
+
+    model = Blocks()
+    apply = pg.jit_partial(lambda m, x: m(x), model)
+    x = jnp.ones(2)
+    apply(x)
+    apply(x)
+    if change == "List item":
+        model.layers[1] = Linear(5.0)
+    elif change == "List append":
+        model.layers.append(Linear(4.0))
+    elif change == "Dict item":
+        model.extra["a"] = Linear(-1.0)
+    else:
+        del model.extra["a"]
+    assert jnp.allclose(apply(x), model(x))
 
 
 @pytest.mark.parametrize(

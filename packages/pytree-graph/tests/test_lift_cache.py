@@ -11,7 +11,7 @@ import pytest
 import pytree_graph as pg
 from pytree_graph import _lift_cache
 from pytree_graph._traverse import GraphWalk
-from pytree_module import Module, data, static
+from pytree_module import Dict, List, Module, data, static
 
 
 class Linear(Module):
@@ -144,6 +144,67 @@ def test_list_and_dict_containers_inside_modules():
     stack.named["a"] = Linear(scale=3.0)
     assert float(total(stack, 1.0)) == 12.0
     assert_cache_is_fresh(stack)
+
+
+@pytest.mark.parametrize("pytree", [True, False])
+def test_List_and_Dict_changes_are_seen_without_comparing_them_each_call(pytree):
+    class Stack(Module, pytree=pytree):
+        def __init__(self):
+            self.layers = List([Linear()])
+            self.named = Dict(a=Linear())
+
+    stack = Stack()
+    total = pg.jit(lambda s, x: sum(layer(x) for layer in s.layers) + s.named["a"](x))
+    assert float(total(stack, 1.0)) == 4.0
+    entry = _cached_entry(stack)
+    # Watched through the mutation count: not among the containers compared every call.
+    assert entry.containers == [] and len(entry.checks.watched) == 2
+    stack.layers.append(Linear(scale=2.0))
+    assert float(total(stack, 1.0)) == 8.0
+    stack.named["a"] = Linear(scale=3.0)
+    assert float(total(stack, 1.0)) == 12.0
+    stack.layers[0] = Linear(scale=0.0)
+    assert float(total(stack, 1.0)) == 10.0
+    del stack.named["a"]
+    stack.named.update(a=Linear(scale=0.5))
+    assert float(total(stack, 1.0)) == 5.0
+    assert_cache_is_fresh(stack)
+
+
+def test_List_and_Dict_keep_their_type_through_split_merge_and_transforms():
+    class Stack(Module):
+        def __init__(self):
+            self.layers = List([Linear(), Linear()])
+            self.named = Dict(a=Linear())
+
+    stack = Stack()
+    graphdef, state = pg.split(stack)
+    merged = pg.merge(graphdef, state)
+    assert type(merged.layers) is List and type(merged.named) is Dict
+    plain = Stack()
+    plain.layers, plain.named = list(plain.layers), dict(plain.named)
+    assert pg.graphdef(plain) != graphdef  # a list is not a List: another structure
+
+    @pg.jit
+    def grow(s):
+        s.layers.append(Linear(scale=3.0))
+        s.named["b"] = Linear()
+
+    grow(stack)
+    assert type(stack.layers) is List and len(stack.layers) == 3
+    assert type(stack.named) is Dict and set(stack.named) == {"a", "b"}
+    grads = pg.grad(lambda s: sum(layer(1.0) for layer in s.layers))(stack)
+    assert float(grads["layers"][2]["w"].value) == 3.0
+    mapped = pg.recursive_map(lambda path, node: node, stack)
+    assert type(mapped.layers) is List and type(mapped.named) is Dict
+    assert [key for key, _ in pg.iter_children(stack.named)] == ["a", "b"]
+
+
+def _cached_entry(root):
+    """The lift cache's entry for a call of `root`."""
+    entries = _lift_cache.lift_cache._entries.values()
+    (entry,) = [e for e in entries if any(ref() is root for ref in e.refs)]
+    return entry
 
 
 def test_check_flag_names_a_stale_hit(monkeypatch):

@@ -16,7 +16,7 @@ from pytree_module.extend import blank_instance, rebuild_into, same_trace, touch
 from ._records import DICT, LEAF, LIST, MODULE, OBJECT, PYTREE, SHARED, STATIC, TUPLE, VARIABLE
 from ._records import describe as _describe
 from ._state import Path, State
-from ._variables import Variable
+from ._variables import Variable, wrote_values
 
 _set_variable = Variable._pg_flat.__set__  # type: ignore[attr-defined]
 
@@ -268,11 +268,11 @@ class Builder:
         if tag == STATIC:
             return record.static.value
         if tag == LIST:
-            return list(map(self.visit, record.children))
+            return record.cls(map(self.visit, record.children))
         if tag == TUPLE:
             return tuple(map(self.visit, record.children))
         if tag == DICT:
-            return dict(zip(record.keys, map(self.visit, record.children), strict=True))
+            return record.cls(zip(record.keys, map(self.visit, record.children), strict=True))
         if tag == PYTREE:
             return record.treedef.unflatten(list(map(self.visit, record.children)))
         return self._object(record.cls, record.index, record.attributes)
@@ -286,6 +286,7 @@ class Builder:
                 value = value.value
             _set_variable(existing, ((value,), kind))
             touch()
+            wrote_values()
             variable = existing
         elif isinstance(value, Variable):
             variable = value.copy() if self.copy else value

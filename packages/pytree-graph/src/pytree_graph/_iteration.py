@@ -6,7 +6,7 @@ from typing import Any
 import jax
 
 from pytree_filter import SHAPED_TYPES, Path, path_keys, path_text
-from pytree_module import Module
+from pytree_module import Dict, List, Module
 from pytree_module.extend import blank_instance, flat_form, is_pytree_class
 
 from ._traverse import GraphWalk, _stops, check_graph
@@ -53,9 +53,9 @@ def _entries(node: Any) -> list[tuple[Any, Any]]:
             children, entry = flat_form(node)
             return list(zip(entry.layout.data_keys, children, strict=True))
         return sorted(vars(node).items())
-    if type(node) is dict:
+    if type(node) in (dict, Dict):
         return list(node.items())
-    if type(node) in (list, tuple):
+    if type(node) in (list, tuple, List):
         return list(enumerate(node))
     shown = repr(node)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
@@ -127,10 +127,10 @@ class _Mapper:
             self.open.discard(key)
             return result
         kind = type(value)
-        if kind in (list, tuple):
+        if kind in (list, tuple, List):
             new = kind(self.visit(v, (*path, i)) for i, v in enumerate(value))
-        elif kind is dict:
-            new = {k: self.visit(v, (*path, k)) for k, v in value.items()}
+        elif kind in (dict, Dict):
+            new = kind((k, self.visit(v, (*path, k))) for k, v in value.items())
         elif isinstance(value, SHAPED_TYPES):
             new = value
         else:

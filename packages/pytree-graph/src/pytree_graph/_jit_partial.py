@@ -1,10 +1,13 @@
 """`jit_partial` and `cached_partial`: a jitted step with its Modules bound once.
 
 A training step takes the same model and optimizer on every call, and new data. Bound
-once, their graph is walked once: each call then reads their Variables' values into one
-list (a C-level read per Variable, no walk), hands it to one `jax.jit` function (JAX's
-C++ dispatch flattens it), and writes the new values straight back into the same
-Variables.
+once, their graph is walked once: each call then hands one list of their Variables'
+values to one `jax.jit` function (JAX's C++ dispatch flattens it), and writes the new
+values straight back into the same Variables. The list is the one the last call left
+(its outputs, in reading order) while no Variable value was written since
+(`_variables.value_writes`); else it is read from the Variables again (a C-level read
+per Variable, no walk). Reading 200 Variables costs little in itself, but right after a
+step has run, little of it is in the CPU's caches, and the list is what the step made.
 
 What is checked on every call, so that an answer is never stale:
 
@@ -26,6 +29,7 @@ import functools
 import inspect
 from collections import deque
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 import jax
@@ -43,7 +47,7 @@ from ._lift_cache import CHECK_HITS, CachedWalk, Checks, _check_hit
 from ._outcome import Outcome, ValuesChanged
 from ._static import Static
 from ._traverse import GraphWalk
-from ._variables import Variable
+from ._variables import Variable, value_writes, wrote_values
 
 _set_value = Variable._pg_flat.__set__  # type: ignore[attr-defined]
 _consume = deque(maxlen=0).extend  # runs an iterator to its end, keeping nothing
@@ -190,8 +194,11 @@ class _Binding:
         "last_outcome",
         "last_writer",
         "layout",
+        "next_donated",
+        "next_kept",
         "plan",
         "roots",
+        "stamp",
         "tree",
         "writers",
     )
@@ -227,6 +234,24 @@ class _Binding:
         self.writers: dict[Outcome, tuple | None] = {}
         self.last_outcome: Outcome | None = None
         self.last_writer: tuple | None = None
+        # The values the Variables hold after the last write back, in the lists' order,
+        # and the `value_writes` stamp it left: valid while the stamp is unchanged.
+        self.next_kept: list[Any] = []
+        self.next_donated: list[Any] = []
+        self.stamp: int | None = None
+
+    def values(self) -> tuple[list[Any], list[Any], int]:
+        """The values to call with, `(donated, kept, stamp)`, in the lists' order, and the
+        `value_writes` stamp when they were taken."""
+        stamp = value_writes.last
+        if self.stamp == stamp:
+            return self.next_donated, self.next_kept, stamp
+        # (A comprehension reads the values faster than chained `map`s of getters.)
+        kept = [v._pg_flat[0][0] for v in self.kept]
+        if self.inner:
+            kept += self.inner
+        donated = [v._pg_flat[0][0] for v in self.donated] if self.donated else []
+        return donated, kept, stamp
 
     def fresh(self) -> bool:
         """Whether the bound objects are as they were when walked."""
@@ -248,24 +273,39 @@ class _Binding:
         """The bound objects as a lifted call, with their values now (the general path)."""
         return LiftedCall(self.plan, self.roots, [])
 
-    def write_back(self, outcome: Outcome, values: list[tuple[Any]]) -> Any:
+    def write_back(
+        self,
+        outcome: Outcome,
+        values: list[tuple[Any]],
+        called_with: tuple[list[Any], list[Any], int],
+    ) -> Any:
         """Write a call's outcome into the bound objects; return the output (`values`:
-        each value the call returned, in a 1-tuple)."""
+        each value the call returned, in a 1-tuple; `called_with`: what `values()` gave
+        the call)."""
+        self.stamp = None
         writer = self.last_writer if outcome is self.last_outcome else self.writer(outcome)
         if writer is None:
             return self.lifted().apply(outcome, [value for (value,) in values])
-        variables, kinds, objects = writer
+        variables, kinds, objects, next_donated, next_kept = writer
         # Each Variable gets `((value,), kind)`: built and set in C, no Python loop. The
         # values run on past the Variables (the output's follow), so not `strict`.
         _consume(map(_set_value, variables, zip(values, kinds, strict=False)))
+        stamp = wrote_values()
+        donated, kept, taken = called_with
+        # Kept only if no other write drew a stamp since the values were taken (another
+        # thread's, during the call): the stamps are drawn in order, one per write.
+        if next_kept is not None and stamp == taken + 1:
+            self.next_donated = next_donated(values, donated) if self.donated else []
+            self.next_kept = next_kept(values, kept)
+            self.stamp = stamp
         if objects is None:
             return values[len(variables)][0] if outcome.out_is_leaf else None
         positions = [None] * outcome.num_leaves + [value for (value,) in values[len(variables) :]]
         return Builder(positions, list(objects)).visit(outcome.out)  # it fills new ones in
 
     def writer(self, outcome: Outcome) -> tuple | None:
-        """How to write back a call's outcome: `(variables, kinds, objects)`, or None where
-        `LiftedCall.apply` must (a new structure)."""
+        """How to write back a call's outcome: `(variables, kinds, objects, next_donated,
+        next_kept)`, or None where `LiftedCall.apply` must (a new structure)."""
         writer = self.writers.get(outcome, False)
         if writer is False:
             writer = None
@@ -276,10 +316,35 @@ class _Binding:
                 objects = None
                 if outcome.out is not None:
                     objects = lifted.objects + [None] * (outcome.num_objects - len(lifted.objects))
-                writer = (variables, kinds, objects)
+                # Where each Variable's value comes from after the write: its output, or
+                # (not written) what the call was given.
+                output = {id(v): i for i, v in enumerate(variables)}
+                next_donated = _next_values([output.get(id(v)) for v in self.donated])
+                kept_sources = [output.get(id(v)) for v in self.kept]
+                next_kept = _next_values(kept_sources + [None] * len(self.inner))
+                writer = (variables, kinds, objects, next_donated, next_kept)
             self.writers[outcome] = writer
         self.last_outcome, self.last_writer = outcome, writer
         return writer
+
+
+def _next_values(sources: list[int | None]) -> Callable[[list[tuple[Any]], list[Any]], list]:
+    """How to make a list of values after a write back, from the call's outputs (each in
+    a 1-tuple) and the list it was given: `sources` says, for each item, which output
+    holds its new value (None: the item is unchanged)."""
+    if not sources:
+        return lambda outputs, given: []
+    if sources == list(range(len(sources))):  # the usual case: every value written, in order
+        count = len(sources)
+        return lambda outputs, given: [value for (value,) in outputs[:count]]
+    if None not in sources:
+        take = itemgetter(*sources)
+        if len(sources) == 1:
+            return lambda outputs, given: [take(outputs)[0]]
+        return lambda outputs, given: [value for (value,) in take(outputs)]
+    return lambda outputs, given: [
+        given[i] if source is None else outputs[source][0] for i, source in enumerate(sources)
+    ]
 
 
 class JitPartial:
@@ -355,11 +420,7 @@ class JitPartial:
         step_args, step_kwargs, statics = args, kwargs, None
         if kwargs or not all(map(_array_types.__contains__, map(type, args))):
             step_args, step_kwargs, statics = self._split_step(args, kwargs)
-        # (A comprehension reads the values faster than chained `map`s of getters.)
-        kept = [v._pg_flat[0][0] for v in binding.kept]
-        if binding.inner:
-            kept += binding.inner
-        donated = [v._pg_flat[0][0] for v in binding.donated] if binding.donated else []
+        called_with = donated, kept, _ = binding.values()
         try:
             outcome, values = self._jitted(
                 binding.layout, donated, kept, statics, *step_args, **step_kwargs
@@ -367,7 +428,7 @@ class JitPartial:
         except Exception as error:
             self._explain(error, binding, args, kwargs)
             raise
-        return binding.write_back(outcome, values)
+        return binding.write_back(outcome, values, called_with)
 
     def _split_step(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict, Any]:
         """The per-step arguments as lists of their arrays, and their static rest."""
@@ -408,15 +469,16 @@ class JitPartial:
             }
         rename_in_error(error, self._call, self._fun, binding.plan.graphdef.paths, lists)
 
-    def _stage(self, args: tuple, kwargs: dict[str, Any]) -> tuple[_Binding, tuple, dict]:
-        """The inputs of the jitted function for a call (ahead of time)."""
+    def _stage(self, args: tuple, kwargs: dict[str, Any]) -> tuple[_Binding, tuple, dict, tuple]:
+        """The inputs of the jitted function for a call (ahead of time), and what
+        `_Binding.values` gave."""
         binding = self._binding
         if not binding.fresh():
             binding = self._binding = _Binding(self._call, self._bound, self._donate)
         step_args, step_kwargs, statics = self._split_step(args, kwargs)
-        kept = [v._pg_flat[0][0] for v in binding.kept] + list(binding.inner)
-        donated = [v._pg_flat[0][0] for v in binding.donated]
-        return binding, (binding.layout, donated, kept, statics, *step_args), step_kwargs
+        called_with = donated, kept, _ = binding.values()
+        inputs = (binding.layout, donated, kept, statics, *step_args)
+        return binding, inputs, step_kwargs, called_with
 
     def trace(self, *args: Any, **kwargs: Any) -> Traced:
         """Trace for these per-step arguments, ahead of time (as `jax.jit(f).trace`).
@@ -424,7 +486,7 @@ class JitPartial:
         Returns:
             A `Traced`: its `.jaxpr`, and `.lower()` to go on.
         """
-        binding, inputs, step_kwargs = self._stage(args, kwargs)
+        binding, inputs, step_kwargs, _ = self._stage(args, kwargs)
         try:
             traced = self._jitted.trace(*inputs, **step_kwargs)
         except Exception as error:
@@ -441,7 +503,7 @@ class JitPartial:
             that takes per-step arguments of the same shapes and writes back to the
             bound objects, as this function does.
         """
-        binding, inputs, step_kwargs = self._stage(args, kwargs)
+        binding, inputs, step_kwargs, _ = self._stage(args, kwargs)
         try:
             lowered = self._jitted.lower(*inputs, **step_kwargs)
         except Exception as error:
@@ -455,7 +517,7 @@ class JitPartial:
         layout, statics = staged[0], staged[3]
 
         def call(compiled: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
-            binding, inputs, step_kwargs = self._stage(args, kwargs)
+            binding, inputs, step_kwargs, called_with = self._stage(args, kwargs)
             if inputs[0] != layout or inputs[3] != statics:
                 raise ValueError(
                     f"This compiled {self._name!r} was lowered for bound objects of another "
@@ -464,7 +526,7 @@ class JitPartial:
                 )
             for variable in binding.guards:
                 check_writable(variable)
-            return binding.write_back(*compiled(*inputs, **step_kwargs))
+            return binding.write_back(*compiled(*inputs, **step_kwargs), called_with)
 
         return call
 

@@ -20,7 +20,7 @@ import jax
 from ._graphdef import Builder, GraphDef, check_writable
 from ._outcome import Outcome, StructureChanged
 from ._traverse import GraphWalk
-from ._variables import Variable
+from ._variables import Variable, wrote_values
 
 _get_variable_flat = attrgetter("_pg_flat")
 _first = itemgetter(0)
@@ -287,11 +287,16 @@ class LiftedCall:
 
     def _set_values(self, positions: tuple[int, ...], values: list[Any]) -> None:
         """Give the Variables at leaf `positions` their new `values`."""
-        leaves = self.leaves if positions else ()
-        for position, value in zip(positions, values, strict=True):
-            variable = leaves[position]
-            check_writable(variable)
-            _set_value(variable, ((value,), variable._pg_flat[1]))
+        if not positions:
+            return
+        leaves = self.leaves
+        try:
+            for position, value in zip(positions, values, strict=True):
+                variable = leaves[position]
+                check_writable(variable)
+                _set_value(variable, ((value,), variable._pg_flat[1]))
+        finally:
+            wrote_values()
 
 
 def lift_walked(walk: GraphWalk, graphdef: GraphDef) -> LiftedCall:

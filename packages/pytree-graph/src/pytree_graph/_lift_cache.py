@@ -11,6 +11,7 @@ reused when checks that read one slot per object find nothing changed:
   children and static attributes;
 - every `pytree=False` object has the same attribute names, bound to the same objects;
 - every list and dict below the top has the same keys and items (by identity);
+- every `pytree_module.List` and `Dict` below the top too;
 - every Variable has the same type and metadata (its kind).
 
 Then only the Variables' values, and the arrays at the top of the call, are read anew
@@ -18,8 +19,11 @@ Then only the Variables' values, and the arrays at the top of the call, are read
 such check can see, are walked every time. Either way `LiftCache.find` gives a
 `LiftedCall` (`_lift`).
 
-The checks of Modules, Variables and `pytree=False` objects run only when
-`pytree_module.extend.mutations.count` moved since the last call: so every structural
+The checks of Modules, Variables, `pytree=False` objects and `pytree_module.List`s and
+`Dict`s run only when `pytree_module.extend.mutations.count` moved since the last call
+(plain lists and dicts change without bumping it, so they are compared on every call,
+item by item: a graph holding many of them is cheaper to call with `List`s and `Dict`s
+instead, as `pytree_nn.Optimizer` holds its state). So every structural
 write, in any package, must end with `pytree_module.extend.touch()`. To prove no writer
 forgets, set the environment variable `PYTREE_GRAPH_CHECK_LIFT_CACHE=1` (read once, at
 import): every cache hit is then walked again and compared with the cached walk, and a
@@ -33,7 +37,7 @@ from operator import attrgetter, is_, itemgetter
 from typing import Any
 
 from pytree_filter import SHAPED_TYPES, path_text
-from pytree_module import Module
+from pytree_module import Dict, List, Module
 from pytree_module.extend import flat_form, is_pytree_class, mutations
 
 from ._lift import LiftedCall, LiftPlan, lift_once, lift_walked
@@ -65,10 +69,10 @@ def _key(value: Any, roots: list[Any], arrays: list[Any]) -> Any:
     walk meets them. (Written for speed: it runs on every call of a graph transform.)
     """
     kind = type(value)
-    if kind is dict:
-        parts: list[Any] = [dict, tuple(value)]
+    if kind is dict or kind is Dict:
+        parts: list[Any] = [kind, tuple(value)]
         items = value.values()
-    elif kind is tuple or kind is list:
+    elif kind is tuple or kind is list or kind is List:
         parts = [kind]
         items = value
     else:
@@ -167,6 +171,7 @@ class Checks:
         self.flats: list[Any] = []
         self.plain: list[tuple[Any, tuple, tuple]] = []  # pytree=False objects below
         self.containers: list[tuple[Any, Any, tuple]] = []  # lists and dicts below
+        self.watched: list[tuple[Any, Any, tuple]] = []  # Lists and Dicts below
         self.variables: list[Variable] = []  # Variables below the top, and their kinds
         self.kinds: list[Any] = []
         self.root_checks: list[tuple[int, Any]] = []  # (root number, what it held)
@@ -212,9 +217,11 @@ class Checks:
 
     def container(self, container: Any, depth: int) -> None:
         if depth:
-            keys = tuple(container) if type(container) is dict else None
+            kind = type(container)
+            keys = tuple(container) if kind is dict or kind is Dict else None
             values = tuple(container.values()) if keys is not None else tuple(container)
-            self.containers.append((container, keys, values))
+            held = self.containers if kind is dict or kind is list else self.watched
+            held.append((container, keys, values))
 
 
 class CachedWalk:
@@ -311,7 +318,16 @@ class CachedWalk:
             return False
         if not all(map(is_, map(_second, map(_get_variable_flat, checks.variables)), checks.kinds)):
             return False
+        if not all(_same_items(*held) for held in checks.watched):
+            return False
         return all(_same_attributes(obj, (names, values)) for obj, names, values in checks.plain)
+
+
+def _same_items(container: Any, keys: tuple | None, values: tuple) -> bool:
+    """Whether a list or dict holds the same keys and items (by identity) as recorded."""
+    if keys is None:
+        return len(container) == len(values) and all(map(is_, container, values))
+    return tuple(container) == keys and all(map(is_, container.values(), values))
 
 
 def _same_attributes(obj: Any, held: tuple[tuple, tuple]) -> bool:

@@ -73,8 +73,11 @@ class StaticRecord(NamedTuple):
 
 
 class ListRecord(NamedTuple):
+    """A list, or a `pytree_module.List` (`cls`, rebuilt as such)."""
+
     tag: int  # LIST
     children: tuple
+    cls: type
 
 
 class TupleRecord(NamedTuple):
@@ -83,9 +86,12 @@ class TupleRecord(NamedTuple):
 
 
 class DictRecord(NamedTuple):
+    """A dict, or a `pytree_module.Dict` (`cls`, rebuilt as such)."""
+
     tag: int  # DICT
     keys: tuple
     children: tuple
+    cls: type
 
 
 class PytreeRecord(NamedTuple):
@@ -98,7 +104,7 @@ class PytreeRecord(NamedTuple):
 
 NONE_RECORD = StaticRecord(STATIC, Static(None))
 
-_CONTAINER_NAMES = {LIST: "list", TUPLE: "tuple", DICT: "dict", STATIC: "static value"}
+_CONTAINER_NAMES = {TUPLE: "tuple", STATIC: "static value"}
 
 
 def describe(record: Any) -> str:
@@ -110,4 +116,6 @@ def describe(record: Any) -> str:
         return record.cls.__name__
     if tag == PYTREE:
         return f"pytree {record.treedef}"
+    if tag in (LIST, DICT):
+        return record.cls.__name__
     return _CONTAINER_NAMES.get(tag, "Variable")

@@ -187,11 +187,13 @@ def _rebuild(record: tuple, grads: dict[int, Any]) -> Any:
         grad = grads.get(record.position)
         return None if grad is None else record.kind((grad,))
     if tag == LIST:
-        return [_rebuild(r, grads) for r in record.children]
+        return record.cls(_rebuild(r, grads) for r in record.children)
     if tag == TUPLE:
         return tuple(_rebuild(r, grads) for r in record.children)
     if tag == DICT:
-        return {k: _rebuild(r, grads) for k, r in zip(record.keys, record.children, strict=True)}
+        return record.cls(
+            (k, _rebuild(r, grads)) for k, r in zip(record.keys, record.children, strict=True)
+        )
     if tag == PYTREE:
         return record.treedef.unflatten([_rebuild(r, grads) for r in record.children])
     return None

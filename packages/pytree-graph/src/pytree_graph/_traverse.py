@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import jax
 
 from pytree_filter import SHAPED_TYPES, Path, path_keys, path_text
-from pytree_module import Module
+from pytree_module import Dict, List, Module
 from pytree_module.extend import flat_form, is_pytree_class
 
 from ._graphdef import GraphDef
@@ -67,7 +67,8 @@ class WalkObserver(Protocol):
         """An array (or shape struct): leaf `position`."""
 
     def container(self, container: Any, depth: int) -> None:
-        """A list or dict (mutable without telling anyone)."""
+        """A list or dict (mutable without telling anyone), or a `pytree_module.List`
+        or `Dict` (whose changes bump the mutation count)."""
 
 
 class GraphWalk:
@@ -149,17 +150,19 @@ class GraphWalk:
                 self.checks.array(position, self.depth)
             return LeafRecord(LEAF, position)
         kind = type(value)
-        if kind is list:
+        if kind is list or kind is List:
             if self.checks is not None:
                 self.checks.container(value, self.depth)
-            return ListRecord(LIST, tuple(self.visit(v, (*path, i)) for i, v in enumerate(value)))
+            children = tuple(self.visit(v, (*path, i)) for i, v in enumerate(value))
+            return ListRecord(LIST, children, kind)
         if kind is tuple:
             return TupleRecord(TUPLE, tuple(self.visit(v, (*path, i)) for i, v in enumerate(value)))
-        if kind is dict:
+        if kind is dict or kind is Dict:
             if self.checks is not None:
                 self.checks.container(value, self.depth)
             keys = tuple(value)
-            return DictRecord(DICT, keys, tuple(self.visit(value[k], (*path, k)) for k in keys))
+            children = tuple(self.visit(value[k], (*path, k)) for k in keys)
+            return DictRecord(DICT, keys, children, kind)
         if value is None or kind in _PLAIN_STATICS:
             return StaticRecord(STATIC, Static(value))
         return self._other(value, path)

@@ -1,5 +1,6 @@
 """Variables: mutable, shareable cells holding one value and its metadata."""
 
+import itertools
 import operator
 from collections.abc import Callable, Iterator, Mapping
 from types import GenericAlias, MappingProxyType
@@ -69,6 +70,37 @@ def _kind(cls: type, metadata: Mapping[str, Any]) -> _Kind:
     if kind is None:
         kind = _kinds[key] = _Kind(cls, items)
     return kind
+
+
+class ValueWrites:
+    """The stamp of the last write of any existing Variable's value.
+
+    `jit_partial` keeps the values it wrote into its bound Variables, and passes them to
+    the next call as they are, without reading 200 Variables again, while the stamp is
+    the one its own write left. So every write of a value into an existing Variable must
+    end with `wrote_values()`: `set_value`, and each of pytree_graph's writes back. (A
+    change of metadata needs none: it bumps `pytree_module.extend.mutations`, which
+    makes `jit_partial` walk its objects again.)
+    """
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last = 0
+
+
+value_writes = ValueWrites()
+# Each write draws the next number (in C, so two threads never draw the same one; not
+# `last += 1`, a read and a write that two threads could interleave, losing one) and
+# stores it: the stamp changes whatever the interleaving, and a writer that drew
+# `taken + 1` knows that nobody wrote since it read `taken`.
+_stamps = itertools.count(1)
+
+
+def wrote_values() -> int:
+    """Record that Variable values were just written; return the new stamp."""
+    stamp = value_writes.last = next(_stamps)
+    return stamp
 
 
 def _guard(variable: "Variable", what: str) -> None:
@@ -158,6 +190,7 @@ class Variable:
             value = _placed(type(self).__name__, value, metadata.get("sharding"), metadata["mesh"])
         _set_flat(self, ((value,), kind))
         _set_trace(self, current_trace_token())
+        wrote_values()  # (only `__init__` called again on a Variable makes it a write)
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
@@ -221,6 +254,7 @@ class Variable:
             )
         _guard(self, "set the value")
         _set_flat(self, ((value,), self._pg_flat[1]))
+        wrote_values()
 
     @property
     def metadata(self) -> Mapping[str, Any]:
@@ -482,6 +516,7 @@ class Variable:
         value, metadata = state
         _set_flat(self, ((value,), _kind(type(self), metadata)))
         _set_trace(self, current_trace_token())
+        wrote_values()
 
 
 class VariableMetadata:

@@ -1,28 +1,75 @@
-"""`List` and `Dict`: containers that are always data, for explicitness."""
+"""`List` and `Dict`: containers that are always data, and that report their changes.
 
+A plain list or dict can change in place without anyone knowing, so a cache of an object
+graph (pytree_graph keeps its walks between calls) must compare every plain container it
+holds, item by item, on every call. `List` and `Dict` instead end every in-place change
+with `touch()` (see `_mutations`): a graph cache checks them only when the mutation count
+moved, at no cost per call otherwise.
+"""
+
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
 from jax.tree_util import DictKey, SequenceKey
 
+from ._mutations import touch
 from ._status import register_data_type
+
+
+def _touching(method: Callable[..., Any]) -> Callable[..., Any]:
+    """`method` of the built-in base, followed by `touch()` (after the change, as the
+    mutation count requires)."""
+
+    @functools.wraps(method)
+    def changed(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+        result = method(self, *args, **kwargs)
+        touch()
+        return result
+
+    return changed
 
 
 @register_data_type
 class List(list):
-    """A list that a Module always treats as data, whatever it holds.
+    """A list that a Module always treats as data, whatever it holds, and whose changes
+    graph caches see.
 
     A plain list holding modules or arrays is already data, and so is an empty one; `List`
-    documents intent, and also makes a list of plain numbers data (leaves).
+    documents intent, and also makes a list of plain numbers data (leaves). Every in-place
+    change (`append`, `l[i] = ...`, `del`, `sort`, ...) bumps
+    `pytree_module.extend.mutations.count`, so the graph transforms of pytree_graph need
+    not compare a `List`'s items on every call, as they must a plain list's: a model
+    holding many containers is cheaper to call through `pytree_graph.jit_partial` with
+    `List`s.
 
     Examples:
         >>> import jax, jax.numpy as jnp
         >>> from pytree_module import List
         >>> jax.tree.leaves(List([jnp.zeros(2), 1.0]))
         [Array([0., 0.], dtype=float32), 1.0]
+        >>> from pytree_module.extend import mutations
+        >>> layers, before = List(), mutations.count
+        >>> layers.append(jnp.ones(1))
+        >>> mutations.count > before
+        True
     """
 
     __slots__ = ()
+
+    __setitem__ = _touching(list.__setitem__)
+    __delitem__ = _touching(list.__delitem__)
+    __iadd__ = _touching(list.__iadd__)
+    __imul__ = _touching(list.__imul__)
+    append = _touching(list.append)
+    extend = _touching(list.extend)
+    insert = _touching(list.insert)
+    pop = _touching(list.pop)
+    remove = _touching(list.remove)
+    clear = _touching(list.clear)
+    sort = _touching(list.sort)
+    reverse = _touching(list.reverse)
 
     def __repr__(self) -> str:
         return f"List({list.__repr__(self)})"
@@ -30,9 +77,12 @@ class List(list):
 
 @register_data_type
 class Dict(dict):
-    """A dict that a Module always treats as data, whatever it holds.
+    """A dict that a Module always treats as data, whatever it holds, and whose changes
+    graph caches see.
 
-    Flattens like a plain dict (keys sorted, leaves in key order).
+    Flattens like a plain dict (keys sorted, leaves in key order). Every in-place change
+    (`d[k] = ...`, `del`, `update`, `pop`, ...) bumps `pytree_module.extend.mutations.count`,
+    as `List`'s do (see there).
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -42,6 +92,15 @@ class Dict(dict):
     """
 
     __slots__ = ()
+
+    __setitem__ = _touching(dict.__setitem__)
+    __delitem__ = _touching(dict.__delitem__)
+    __ior__ = _touching(dict.__ior__)
+    pop = _touching(dict.pop)
+    popitem = _touching(dict.popitem)
+    clear = _touching(dict.clear)
+    update = _touching(dict.update)
+    setdefault = _touching(dict.setdefault)
 
     def __repr__(self) -> str:
         return f"Dict({dict.__repr__(self)})"

@@ -11,7 +11,7 @@ import optax
 import pytree_graph
 from pytree_filter import Path, is_inexact_array, path_keys, path_text
 from pytree_graph import Param, State, Variable
-from pytree_module import data, field, static
+from pytree_module import Dict, data, field, static
 
 from ._module import Module
 
@@ -30,15 +30,18 @@ def _values_at(flat: Mapping[Path, Any], paths: Any) -> State:
 
 
 def _nest(paths: list[Path], variables: list[OptState]) -> Any:
-    """Nested dicts holding `variables` at `paths` (the optax state's leaf paths).
+    """Nested `Dict`s holding `variables` at `paths` (the optax state's leaf paths).
 
-    Plain dicts keep the Optimizer a tree of Modules, lists, dicts and Variables only,
-    which `pytree_graph.jit` can cache between calls; optax's own state classes are
-    arbitrary pytree nodes, whose graphs it would have to walk on every call.
+    Dicts keep the Optimizer a tree of Modules, dicts and Variables only, which
+    `pytree_graph.jit` can cache between calls (optax's own state classes are arbitrary
+    pytree nodes, whose graphs it would have to walk on every call). They are
+    `pytree_module.Dict`s, which report their changes, so that a cached call need not
+    compare their items on every call, as it must a plain dict's: an Adam state holds
+    about twice as many dicts as the model has layers.
     """
     if paths == [()]:
         return variables[0]
-    root: dict[Any, Any] = {}
+    root = Dict()
     for path, variable in zip(paths, variables, strict=True):
         node = root
         for depth, key in enumerate(path):
@@ -54,7 +57,7 @@ def _nest(paths: list[Path], variables: list[OptState]) -> Any:
             if last:
                 node[key] = variable
             else:
-                node = node.setdefault(key, {})
+                node = node.setdefault(key, Dict())
     return root
 
 
@@ -76,10 +79,10 @@ class Optimizer(Module):
         model: the model (the very object given, not a copy).
         tx: the optax transformation.
         wrt: the filter of what is optimized.
-        opt_state: the optax state, as nested dicts of `OptState` Variables mirroring its
-            paths (e.g. `opt_state[0]["mu"]["kernel"]` for Adam's first moment of the
-            parameter `kernel`). A leaf shaped like a parameter carries that parameter's
-            metadata (its `sharding`, for instance).
+        opt_state: the optax state, as nested dicts (`pytree_module.Dict`s) of
+            `OptState` Variables mirroring its paths (e.g. `opt_state[0]["mu"]["kernel"]`
+            for Adam's first moment of the parameter `kernel`). A leaf shaped like a
+            parameter carries that parameter's metadata (its `sharding`, for instance).
         step: an `OptState` counting the updates made.
 
     Arguments:
