@@ -66,6 +66,21 @@ def test_same_results_and_writes_as_jit():
     assert int(ours.count.value) == 3
 
 
+@pytest.mark.parametrize("x", [jnp.ones(2), {"x": jnp.ones(2)}], ids=["array", "dict"])
+def test_compiles_once_for_calls_of_one_structure(x):
+    traces = []
+
+    def apply(model, x):
+        traces.append(None)
+        return model(x if isinstance(x, jax.Array) else x["x"])
+
+    model = Linear()
+    fast = pg.jit_partial(apply, model)
+    for _ in range(3):
+        fast(x)
+    assert len(traces) == 1
+
+
 def test_value_written_outside_is_read_by_the_next_call():
     model = Linear()
     apply = pg.jit_partial(lambda m, x: m(x), model)

@@ -276,20 +276,20 @@ class _Binding:
     def write_back(
         self,
         outcome: Outcome,
-        values: list[tuple[Any]],
+        values: list[Any],
         called_with: tuple[list[Any], list[Any], int],
     ) -> Any:
         """Write a call's outcome into the bound objects; return the output (`values`:
-        each value the call returned, in a 1-tuple; `called_with`: what `values()` gave
-        the call)."""
+        the values the call returned; `called_with`: what `values()` gave the call)."""
         self.stamp = None
         writer = self.last_writer if outcome is self.last_outcome else self.writer(outcome)
         if writer is None:
-            return self.lifted().apply(outcome, [value for (value,) in values])
+            return self.lifted().apply(outcome, values)
         variables, kinds, objects, next_donated, next_kept = writer
         # Each Variable gets `((value,), kind)`: built and set in C, no Python loop. The
-        # values run on past the Variables (the output's follow), so not `strict`.
-        _consume(map(_set_value, variables, zip(values, kinds, strict=False)))
+        # values run on past the Variables (the output's follow), and `zip` stops at the
+        # shortest, so not `strict`.
+        _consume(map(_set_value, variables, zip(zip(values), kinds, strict=False)))
         stamp = wrote_values()
         donated, kept, taken = called_with
         # Kept only if no other write drew a stamp since the values were taken (another
@@ -299,8 +299,8 @@ class _Binding:
             self.next_kept = next_kept(values, kept)
             self.stamp = stamp
         if objects is None:
-            return values[len(variables)][0] if outcome.out_is_leaf else None
-        positions = [None] * outcome.num_leaves + [value for (value,) in values[len(variables) :]]
+            return values[len(variables)] if outcome.out_is_leaf else None
+        positions = [None] * outcome.num_leaves + values[len(variables) :]
         return Builder(positions, list(objects)).visit(outcome.out)  # it fills new ones in
 
     def writer(self, outcome: Outcome) -> tuple | None:
@@ -328,22 +328,22 @@ class _Binding:
         return writer
 
 
-def _next_values(sources: list[int | None]) -> Callable[[list[tuple[Any]], list[Any]], list]:
-    """How to make a list of values after a write back, from the call's outputs (each in
-    a 1-tuple) and the list it was given: `sources` says, for each item, which output
-    holds its new value (None: the item is unchanged)."""
+def _next_values(sources: list[int | None]) -> Callable[[list[Any], list[Any]], list]:
+    """How to make a list of values after a write back, from the call's outputs and the
+    list it was given: `sources` says, for each item, which output holds its new value
+    (None: the item is unchanged)."""
     if not sources:
         return lambda outputs, given: []
     if sources == list(range(len(sources))):  # the usual case: every value written, in order
         count = len(sources)
-        return lambda outputs, given: [value for (value,) in outputs[:count]]
+        return lambda outputs, given: outputs[:count]
     if None not in sources:
         take = itemgetter(*sources)
         if len(sources) == 1:
-            return lambda outputs, given: [take(outputs)[0]]
-        return lambda outputs, given: [value for (value,) in take(outputs)]
+            return lambda outputs, given: [take(outputs)]
+        return lambda outputs, given: list(take(outputs))
     return lambda outputs, given: [
-        given[i] if source is None else outputs[source][0] for i, source in enumerate(sources)
+        given[i] if source is None else outputs[source] for i, source in enumerate(sources)
     ]
 
 
@@ -403,9 +403,7 @@ class JitPartial:
                 out = call.fun(*tree[0], *args, **kwargs)
             outcome, values = inside.finish(out)
             outcome, values = return_donated(inside, outcome, values, layout.donated_positions)
-            # Each value in a 1-tuple, built by JAX's C++ unflattening: the write back then
-            # makes one tuple per Variable, not two.
-            return outcome, [(value,) for value in values]
+            return outcome, list(values)  # a list: a call passes on a slice of it
 
         self._jitted = jax.jit(pure, donate_argnums=donate_argnums, **jit_kwargs)
         self._binding = _Binding(call, bound, self._donate)
@@ -431,7 +429,9 @@ class JitPartial:
         return binding.write_back(outcome, values, called_with)
 
     def _split_step(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict, Any]:
-        """The per-step arguments as lists of their arrays, and their static rest."""
+        """The per-step arguments as lists of their arrays, and their static rest (None,
+        and the arguments as they are, where they are all plain arrays: the form later
+        calls take without splitting, so that the first call compiles the same program)."""
         arg_arrays, arg_specs = [], []
         for i, arg in enumerate(args):
             arrays, spec = _split_argument(arg, f"args[{i}]", self._name)
@@ -441,6 +441,8 @@ class JitPartial:
         for name in sorted(kwargs):
             kwarg_arrays[name], spec = _split_argument(kwargs[name], repr(name), self._name)
             kwarg_specs.append((name, spec))
+        if not kwargs and all(map(_array_types.__contains__, map(type, args))):
+            return args, kwargs, None
         return tuple(arg_arrays), kwarg_arrays, _StepStatics(tuple(arg_specs), tuple(kwarg_specs))
 
     def _explain(
