@@ -17,12 +17,16 @@ What is checked on every call, so that an answer is never stale:
   lift cache (`_lift_cache.CachedWalk`: one identity test per object) tell whether the
   bound objects were among those changed; if so, they are walked again, and a new
   structure compiles anew, as with `pytree_graph.jit`;
-- the lists and dicts inside the bound objects (which change without bumping the count),
-  item by item;
+- the plain lists and dicts inside the bound objects (which change without bumping the
+  count), item by item (`pytree_module.List`s and `Dict`s bump it, and are checked with
+  the objects);
+- the `value_writes` stamp: one comparison tells whether the list the last call left is
+  still what the Variables hold;
 - that the call runs in the JAX trace the bound Variables belong to (one test per trace
   they were made in, usually one).
 
-A write to a Variable's value is no structural change: the next call reads it.
+A write to a Variable's value is no structural change: the next call reads the values
+again.
 """
 
 import functools
