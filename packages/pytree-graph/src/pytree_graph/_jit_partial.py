@@ -33,7 +33,6 @@ import functools
 import inspect
 from collections import deque
 from collections.abc import Callable
-from operator import itemgetter
 from typing import Any
 
 import jax
@@ -136,6 +135,12 @@ class _StepStatics:
 
 jax.tree_util.register_static(_Layout)
 jax.tree_util.register_static(_StepStatics)
+
+
+def _plain_arrays(args: tuple, kwargs: dict[str, Any]) -> bool:
+    """Whether the per-step arguments are positional arrays of types seen before: passed
+    to the program as they are, with no statics."""
+    return not kwargs and all(map(_array_types.__contains__, map(type, args)))
 
 
 def _merge(spec: tuple, arrays: list[Any]) -> Any:
@@ -341,11 +346,6 @@ def _next_values(sources: list[int | None]) -> Callable[[list[Any], list[Any]], 
     if sources == list(range(len(sources))):  # the usual case: every value written, in order
         count = len(sources)
         return lambda outputs, given: outputs[:count]
-    if None not in sources:
-        take = itemgetter(*sources)
-        if len(sources) == 1:
-            return lambda outputs, given: [take(outputs)]
-        return lambda outputs, given: list(take(outputs))
     return lambda outputs, given: [
         given[i] if source is None else outputs[source] for i, source in enumerate(sources)
     ]
@@ -420,7 +420,7 @@ class JitPartial:
         for variable in binding.guards:
             check_writable(variable)
         step_args, step_kwargs, statics = args, kwargs, None
-        if kwargs or not all(map(_array_types.__contains__, map(type, args))):
+        if not _plain_arrays(args, kwargs):
             step_args, step_kwargs, statics = self._split_step(args, kwargs)
         called_with = donated, kept, _ = binding.values()
         try:
@@ -445,7 +445,7 @@ class JitPartial:
         for name in sorted(kwargs):
             kwarg_arrays[name], spec = _split_argument(kwargs[name], repr(name), self._name)
             kwarg_specs.append((name, spec))
-        if not kwargs and all(map(_array_types.__contains__, map(type, args))):
+        if _plain_arrays(args, kwargs):
             return args, kwargs, None
         return tuple(arg_arrays), kwarg_arrays, _StepStatics(tuple(arg_specs), tuple(kwarg_specs))
 
