@@ -2,16 +2,19 @@
 
 The model is an MLP of depth 32 whose layers are ``Linear`` modules holding two
 ``pytree_graph.Param`` Variables, ``w`` (width x width) and ``b`` (width), with ``relu``
-between layers; the step computes the loss ``sum(model(x) ** 2)`` and its gradient, runs an
-``optax.adam(1e-3)`` update and writes the new parameters and optimizer state back. It is
-measured at width 32 (the call's fixed cost dominates) and width 512 (the computation does).
+between layers, held in a ``pytree_module.List`` (as the NNX model holds them in an
+``nnx.List``; one more row holds them in a plain list); the step computes the loss
+``sum(model(x) ** 2)`` and its gradient, runs an ``optax.adam(1e-3)`` update and writes the
+new parameters and optimizer state back. It is measured at width 32 (the call's fixed cost
+dominates) and width 512 (the computation does).
 Each form starts from the very same arrays:
 
 * ``jax.jit`` of a step on a dict of arrays (``layers_0_w``, ...) and its optax state, both
   returned and rebound by the caller: the baseline (target for ``jit_partial``: at most
   1.05x);
 * ``pytree_graph.jit_partial(step, model, optimizer)(x)``: the model and a
-  ``pytree_nn.Optimizer`` bound once;
+  ``pytree_nn.Optimizer`` bound once; and the same with the layers in a plain list, which
+  each call compares item by item (a ``List`` reports its changes instead);
 * ``pytree_graph.jit(step)(model, optimizer, x)``;
 * ``nnx.jit(step)(model, optimizer, x)``, ``nnx.cached_partial`` of it, and
   ``nnx.jit_partial(step, model, optimizer)``, on a ``flax.nnx.Module`` of the same
@@ -51,6 +54,7 @@ from bench_graph import MLP, Linear, nnx
 
 import pytree_graph
 import pytree_module
+from pytree_module import List
 from pytree_nn import Optimizer
 
 if nnx is not None:
@@ -63,6 +67,7 @@ NOT_INSTALLED = "flax not installed"
 
 BASE = "jax.jit(step)(params, opt_state, x), rebound"
 PARTIAL = "pytree_graph.jit_partial(step, model, optimizer)(x)"
+PARTIAL_PLAIN = "pytree_graph.jit_partial(step, model, optimizer)(x), layers in a plain list"
 GRAPH_JIT = "pytree_graph.jit(step)(model, optimizer, x)"
 PARTIAL_TARGET = Target("<= 1.05x jax.jit on a dict", 1.05)
 
@@ -86,8 +91,8 @@ class Models:
             for k, a in ((kw, w), (kb, b))
         }
 
-    def graph(self) -> tuple[MLP, Optimizer]:
-        model = MLP([Linear(w, b) for w, b in self.pairs])
+    def graph(self, layers: Callable[[list[Linear]], Any] = List) -> tuple[MLP, Optimizer]:
+        model = MLP(layers([Linear(w, b) for w, b in self.pairs]))
         return model, Optimizer(model, optax.adam(LR))
 
     def nnx(self) -> tuple[Any, Any]:
@@ -173,6 +178,7 @@ def train_cases(models: Models, x: jax.Array) -> list[Case]:
         make_dict_step(len(models.pairs)), models.params(), optax.adam(LR).init(models.params()), x
     )
     model_p, optimizer_p = models.graph()
+    model_l, optimizer_l = models.graph(list)
     model_g, optimizer_g = models.graph()
     cases = [
         Case(BASE, on_dict, read=lambda _: _dict_arrays(on_dict.params)),
@@ -181,6 +187,11 @@ def train_cases(models: Models, x: jax.Array) -> list[Case]:
             lambda: partial(pytree_graph.jit_partial(graph_step, model_p, optimizer_p), x),
             target=PARTIAL_TARGET,
             read=lambda _: _layer_arrays(model_p),
+        ),
+        built_case(
+            PARTIAL_PLAIN,
+            lambda: partial(pytree_graph.jit_partial(graph_step, model_l, optimizer_l), x),
+            read=lambda _: _layer_arrays(model_l),
         ),
         built_case(
             GRAPH_JIT,
@@ -251,6 +262,9 @@ def overhead_lines(runner: Runner) -> list[str]:
             continue
         where = label.split(" per call, ")[1].split(" (")[0]
         text = f"- {where}: jit_partial {ours.time_us - base.time_us:+.1f} us"
+        plain = rows.get(PARTIAL_PLAIN)
+        if plain is not None and plain.time_us is not None:
+            text += f" ({plain.time_us - base.time_us:+.1f} us with a plain list of layers)"
         if graph is not None and graph.time_us is not None:
             text += f", pytree_graph.jit {graph.time_us - base.time_us:+.1f} us"
         lines.append(text + ".")

@@ -404,3 +404,70 @@ def test_static_attribute_wrapped_change():
     assert f(jnp.ones(2)).tolist() == [2.0, 2.0]
     model.mode = static("b")
     assert f(jnp.ones(2)).tolist() == [-2.0, -2.0]
+
+
+@pytest.mark.parametrize("how", ["__init__", "__setstate__"])
+def test_a_variable_initialized_again_between_calls_is_seen(how):
+    # Its metadata is part of the structure: the next call must see the new one, even
+    # after calls that took the quick path (nothing changed).
+    model = Linear()
+    f = pg.jit_partial(lambda m, x: m(x) * m.w.metadata.get("factor", 1.0), model)
+    x = jnp.ones(2)
+    f(x)
+    f(x)
+    if how == "__init__":
+        model.w.__init__(jnp.full((2, 2), 2.0), factor=3.0)
+    else:
+        model.w.__setstate__((jnp.full((2, 2), 2.0), {"factor": 3.0}))
+    assert f(x).tolist() == [12.0, 12.0]
+
+
+def test_refused_inside_another_transform_after_eager_calls():
+    x = jnp.ones(2)
+    # Called inside `jax.jit` on objects made there (allowed), a jit_partial function
+    # meets tracers as per-step arguments: later calls with tracers take the quick path,
+    # unless it checks the trace.
+    jax.jit(lambda x: pg.jit_partial(step, Linear())(x))(x)
+    model = Linear()
+    f = pg.jit_partial(step, model)
+    f(x)
+    f(x)
+    with pytest.raises(TraceContextError):
+        jax.jit(f)(x)
+    reference = Linear()
+    for _ in range(3):
+        step(reference, x)
+    f(x)
+    assert_same(params(model), params(reference))
+
+
+def test_keyword_and_static_arguments_after_quick_calls():
+    model = Linear()
+    f = pg.jit_partial(lambda m, x, scale=1.0: m(x) * scale, model)
+    x = jnp.ones(2)
+    f(x)
+    f(x)
+    assert f(x, scale=2.0).tolist() == [4.0, 4.0]
+    assert f(x=x).tolist() == [2.0, 2.0]
+    assert f(x).tolist() == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("change", ["swap", "reorder", "dict"])
+def test_plain_lists_and_dicts_changed_between_quick_calls_are_seen(change):
+    # The replacement is made before the calls: no Variable is written after them, so
+    # only the comparison of the plain containers can see the change.
+    model, spare = Model(), Linear(3.0)
+    model.blocks = {"a": Linear(), "b": Linear(2.0)}
+    model.layers[0].b.value = jnp.ones(2)  # so that the order of the layers matters
+    f = pg.jit_partial(lambda m, x: m(x) + sum(b(x) for b in m.blocks.values()), model)
+    x = jnp.ones(2)
+    f(x)
+    f(x)
+    if change == "swap":
+        model.layers[1] = spare
+    elif change == "reorder":
+        model.layers.reverse()
+    else:
+        model.blocks["b"] = spare
+    expected = model(x) + sum(b(x) for b in model.blocks.values())
+    assert jnp.allclose(f(x), expected)

@@ -13,17 +13,21 @@ What is checked on every call, so that an answer is never stale:
 
 - the mutation count (`pytree_module.extend.mutations`): every structural write (an
   attribute set or deleted, a submodule swapped, a static flag changed by `model.eval()`,
-  a Variable replaced or given new metadata) bumps it. When it moved, the checks of the
-  lift cache (`_lift_cache.CachedWalk`: one identity test per object) tell whether the
-  bound objects were among those changed; if so, they are walked again, and a new
-  structure compiles anew, as with `pytree_graph.jit`;
+  a Variable replaced, given new metadata or initialized again) bumps it. When it moved,
+  the checks of the lift cache (`_lift_cache.CachedWalk`: one identity test per object)
+  tell whether the bound objects were among those changed; if so, they are walked again,
+  and a new structure compiles anew, as with `pytree_graph.jit`;
 - the plain lists and dicts inside the bound objects (which change without bumping the
   count), item by item (`pytree_module.List`s and `Dict`s bump it, and are checked with
   the objects);
 - the `value_writes` stamp: one comparison tells whether the list the last call left is
   still what the Variables hold;
-- that the call runs in the JAX trace the bound Variables belong to (one test per trace
-  they were made in, usually one).
+- that the call runs in the JAX trace the bound Variables belong to: one test per trace
+  they were made in (usually one), or, while the mutation count has not moved since
+  those tests passed (a Variable's trace changes only with a structural write), one
+  identity test of the current trace against the trace they passed in;
+- that the per-step arguments are arrays of types seen before, with no keywords (else
+  they are split into arrays and statics, as `jit` does).
 
 A write to a Variable's value is no structural change: the next call reads the values
 again.
@@ -39,6 +43,7 @@ import jax
 
 from pytree_filter import SHAPED_TYPES
 from pytree_module import Module
+from pytree_module.extend import current_trace_token, mutations
 
 from ._boundary import Call, Inside
 from ._error_names import rename_in_error
@@ -197,6 +202,7 @@ class _Binding:
     __slots__ = (
         "cached",
         "donated",
+        "epoch",
         "guards",
         "inner",
         "kept",
@@ -207,7 +213,9 @@ class _Binding:
         "next_kept",
         "plan",
         "roots",
+        "same_containers",
         "stamp",
+        "trace",
         "tree",
         "writers",
     )
@@ -240,6 +248,13 @@ class _Binding:
             self.layout = _Layout(plan.structure, None)
         # One Variable of each JAX trace the Variables were made in, to check the call's.
         self.guards = list({id(v._pg_trace): v for v in variables}.values())
+        # What the last full check saw (`JitPartial._checked_call`): the mutation count
+        # and the JAX trace. While both are the same, the objects are as walked and the
+        # guards pass, and only the plain lists and dicts need comparing.
+        self.epoch: int | None = None
+        self.trace: Any = None
+        cached = self.cached
+        self.same_containers = cached.same_containers if cached and cached.containers else None
         self.writers: dict[Outcome, tuple | None] = {}
         self.last_outcome: Outcome | None = None
         self.last_writer: tuple | None = None
@@ -415,10 +430,38 @@ class JitPartial:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         binding = self._binding
+        stamp = binding.stamp
+        # The usual call: nothing changed since the last one, which left the values to
+        # pass on. (`stamp` is None, never equal, when the values must be read again.)
+        if (
+            stamp == value_writes.last
+            and binding.epoch == mutations.count
+            and binding.trace is current_trace_token()
+            and not kwargs
+            and (binding.same_containers is None or binding.same_containers())
+            and all(map(_array_types.__contains__, map(type, args)))
+        ):
+            called_with = donated, kept, _ = binding.next_donated, binding.next_kept, stamp
+            try:
+                outcome, values = self._jitted(binding.layout, donated, kept, None, *args)
+            except Exception as error:
+                self._explain(error, binding, args, kwargs)
+                raise
+            return binding.write_back(outcome, values, called_with)
+        return self._checked_call(args, kwargs)
+
+    def _checked_call(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """A call after a change, or with per-step arguments other than plain arrays:
+        check the bound objects (walk them again if they changed), read their values."""
+        epoch = mutations.count  # (read first: a change during the checks is seen later)
+        binding = self._binding
         if not binding.fresh():
             binding = self._binding = _Binding(self._call, self._bound, self._donate)
+        trace = current_trace_token()
         for variable in binding.guards:
             check_writable(variable)
+        if binding.cached is not None and not CHECK_HITS:
+            binding.epoch, binding.trace = epoch, trace
         step_args, step_kwargs, statics = args, kwargs, None
         if not _plain_arrays(args, kwargs):
             step_args, step_kwargs, statics = self._split_step(args, kwargs)

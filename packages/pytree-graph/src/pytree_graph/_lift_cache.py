@@ -287,18 +287,23 @@ class CachedWalk:
                 return False
             self.epoch = mutations.count
         # Lists and dicts change without telling anyone: always compare them.
-        return not self.containers or (
-            list(map(len, self.containers)) == self.container_sizes
-            and list(chain.from_iterable(self.dicts)) == self.container_keys
-            and all(
-                map(
-                    is_,
-                    chain(
-                        chain.from_iterable(map(dict.values, self.dicts)),
-                        chain.from_iterable(self.sequences),
-                    ),
-                    self.container_items,
-                )
+        return not self.containers or self.same_containers()
+
+    def same_containers(self) -> bool:
+        """Whether the plain lists and dicts walked hold what they held then (the same
+        sizes, keys and items, by identity)."""
+        if list(map(len, self.containers)) != self.container_sizes:
+            return False
+        if not self.dicts:  # (the usual case: a list of layers)
+            return all(map(is_, chain.from_iterable(self.sequences), self.container_items))
+        return list(chain.from_iterable(self.dicts)) == self.container_keys and all(
+            map(
+                is_,
+                chain(
+                    chain.from_iterable(map(dict.values, self.dicts)),
+                    chain.from_iterable(self.sequences),
+                ),
+                self.container_items,
             )
         )
 
