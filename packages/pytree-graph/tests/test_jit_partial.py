@@ -109,6 +109,8 @@ WRITERS = {
     "update": lambda m: lambda: pg.update(m, {"w": m.w.value + 10.0}),
     "state update": lambda m: lambda: pg.update(m, pg.State({"w": Param(m.w.value + 10.0)})),
     "merge in place": lambda m: lambda: pg.update(m, _state_with_w(m, 10.0)),
+    "__init__ again": lambda m: lambda: m.w.__init__(m.w.value + 10.0),
+    "__setstate__": lambda m: lambda: m.w.__setstate__((m.w.value + 10.0, {})),
     "vmap write back": lambda m: partial(
         pg.vmap(lambda m, v, _: _add_to_w(m, v), in_axes=(None, None, 0)), m, 10.0, jnp.arange(3)
     ),
@@ -471,3 +473,61 @@ def test_plain_lists_and_dicts_changed_between_quick_calls_are_seen(change):
         model.blocks["b"] = spare
     expected = model(x) + sum(b(x) for b in model.blocks.values())
     assert jnp.allclose(f(x), expected)
+
+
+def _copies(model):
+    """Every way of making new Variables from a model's: name -> the copy."""
+    import copy
+    import pickle
+
+    graphdef, state = pg.split(model)
+    return {
+        "Variable.copy": model.layers[0].w.copy(),
+        "Variable.replace": model.layers[0].w.replace(),
+        "copy.copy": copy.copy(model.layers[0].w),
+        "copy.deepcopy": copy.deepcopy(model),
+        "pickle": pickle.loads(pickle.dumps(model)),
+        "clone": pg.clone(model),
+        "merge(copy=True)": pg.merge(graphdef, state, copy=True),
+        "jax.tree.map": jax.tree.map(lambda a: a, model),
+        "jax unflatten": jax.tree.unflatten(*reversed(jax.tree.flatten(model))),
+        "deref/reref": pg.reref(pg.deref(model)),
+        "to_tree/from_tree": pg.from_tree(pg.to_tree(model)),
+    }
+
+
+def _variables_of(tree):
+    found = jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, Variable))
+    return [v for v in found if isinstance(v, Variable)]
+
+
+def test_no_two_variables_share_a_value_list():
+    # Writes go into a Variable's value list in place (`jit_partial`, `set_value`): a
+    # list held by two Variables would make a write to one show in the other.
+    model = Model()
+    variables = _variables_of(model)
+    for made in _copies(model).values():
+        for variable in _variables_of(made):
+            if not any(variable is v for v in variables):
+                variables.append(variable)
+    lists = {id(v._pg_flat[0]) for v in variables}
+    assert len(lists) == len(variables)
+
+
+@pytest.mark.parametrize("how", list(_copies(Model())))
+def test_copies_keep_their_values_while_the_original_trains(how):
+    model = Model()
+    train = pg.jit_partial(step, model)
+    x = jnp.ones(2)
+    train(x)
+    originals = _variables_of(model)
+    made = [v for v in _variables_of(_copies(model)[how]) if not any(v is o for o in originals)]
+    assert made  # new Variables, not the model's own
+    before = [v.value for v in made]
+    train(x)
+    train(x)
+    assert_same([v.value for v in made], before)
+    trained = [v.value for v in originals]
+    for v in made:
+        v.value = jnp.zeros_like(v.value)  # and a write to a copy leaves the model alone
+    assert_same([v.value for v in originals], trained)

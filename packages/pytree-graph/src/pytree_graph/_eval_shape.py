@@ -16,7 +16,7 @@ from ._sharding import _is_graph, get_named_sharding, spec_of
 from ._split_merge import split
 from ._state import State
 from ._traverse import iter_graph
-from ._variables import Variable, _set_flat, is_variable, missing_mesh_axes, wrote_values
+from ._variables import Variable, is_variable, missing_mesh_axes, wrote_values
 
 
 def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -69,7 +69,7 @@ def _give_sharding(variable: Variable, mesh: Any) -> None:
     if _unsharded(variable):
         # Stored as it is: a `set_value` override is for values, not their shapes.
         value = _sharded(variable._pg_flat[0][0], mesh, spec_of(variable))
-        _set_flat(variable, ((value,), variable._pg_flat[1]))
+        variable._pg_flat[0][0] = value
         wrote_values()
 
 

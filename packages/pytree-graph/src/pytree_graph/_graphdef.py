@@ -284,7 +284,7 @@ class Builder:
             check_writable(existing)
             if isinstance(value, Variable):
                 value = value.value
-            _set_variable(existing, ((value,), kind))
+            _set_variable(existing, ([value], kind))
             touch()
             wrote_values()
             variable = existing

@@ -37,6 +37,8 @@ import functools
 import inspect
 from collections import deque
 from collections.abc import Callable
+from itertools import repeat
+from operator import setitem
 from typing import Any
 
 import jax
@@ -57,7 +59,6 @@ from ._static import Static
 from ._traverse import GraphWalk
 from ._variables import Variable, value_writes, wrote_values
 
-_set_value = Variable._pg_flat.__set__  # type: ignore[attr-defined]
 _consume = deque(maxlen=0).extend  # runs an iterator to its end, keeping nothing
 _GRAPH_NODES = (Module, Variable)
 # Exact types of the per-step arguments seen to be arrays: a call whose positional
@@ -201,6 +202,8 @@ class _Binding:
 
     __slots__ = (
         "cached",
+        "cells",
+        "cells_of",
         "donated",
         "epoch",
         "guards",
@@ -263,6 +266,11 @@ class _Binding:
         self.next_kept: list[Any] = []
         self.next_donated: list[Any] = []
         self.stamp: int | None = None
+        # The value lists (`Variable._pg_flat[0]`) of the Variables the last call wrote,
+        # and the writer they were read for: valid with `stamp` (a list is replaced only
+        # by a write that draws a stamp or bumps the mutation count).
+        self.cells: list[list[Any]] = []
+        self.cells_of: tuple | None = None
 
     def values(self) -> tuple[list[Any], list[Any], int]:
         """The values to call with, `(donated, kept, stamp)`, in the lists' order, and the
@@ -305,22 +313,30 @@ class _Binding:
     ) -> Any:
         """Write a call's outcome into the bound objects; return the output (`values`:
         the values the call returned; `called_with`: what `values()` gave the call)."""
+        donated, kept, taken = called_with
+        # The value lists of the last call's Variables are theirs still if no write drew
+        # a stamp since (`taken` is then the stamp that call left).
+        quick = self.stamp == taken
         self.stamp = None
         writer = self.last_writer if outcome is self.last_outcome else self.writer(outcome)
         if writer is None:
             return self.lifted().apply(outcome, values)
-        variables, kinds, objects, next_donated, next_kept = writer
-        # Each Variable gets `((value,), kind)`: built and set in C, no Python loop. The
-        # values run on past the Variables (the output's follow), and `zip` stops at the
-        # shortest, so not `strict`.
-        _consume(map(_set_value, variables, zip(zip(values), kinds, strict=False)))
+        variables, objects, next_donated, next_kept = writer
+        if quick and writer is self.cells_of:
+            cells = self.cells
+        else:
+            cells = [v._pg_flat[0] for v in variables]
+        # Each value into its Variable's list, in C: no Python loop, no object made. The
+        # values run on past the Variables (the output's follow), and `map` stops at the
+        # shortest.
+        _consume(map(setitem, cells, repeat(0), values))
         stamp = wrote_values()
-        donated, kept, taken = called_with
         # Kept only if no other write drew a stamp since the values were taken (another
         # thread's, during the call): the stamps are drawn in order, one per write.
         if next_kept is not None and stamp == taken + 1:
             self.next_donated = next_donated(values, donated) if self.donated else []
             self.next_kept = next_kept(values, kept)
+            self.cells, self.cells_of = cells, writer
             self.stamp = stamp
         if objects is None:
             return values[len(variables)] if outcome.out_is_leaf else None
@@ -328,7 +344,7 @@ class _Binding:
         return Builder(positions, list(objects)).visit(outcome.out)  # it fills new ones in
 
     def writer(self, outcome: Outcome) -> tuple | None:
-        """How to write back a call's outcome: `(variables, kinds, objects, next_donated,
+        """How to write back a call's outcome: `(variables, objects, next_donated,
         next_kept)`, or None where `LiftedCall.apply` must (a new structure)."""
         writer = self.writers.get(outcome, False)
         if writer is False:
@@ -336,7 +352,6 @@ class _Binding:
             if type(outcome) is ValuesChanged and not outcome.carries_all:
                 lifted = self.lifted()
                 variables = [lifted.leaves[p] for p in outcome.changed]
-                kinds = [v._pg_flat[1] for v in variables]
                 objects = None
                 if outcome.out is not None:
                     objects = lifted.objects + [None] * (outcome.num_objects - len(lifted.objects))
@@ -346,7 +361,7 @@ class _Binding:
                 next_donated = _next_values([output.get(id(v)) for v in self.donated])
                 kept_sources = [output.get(id(v)) for v in self.kept]
                 next_kept = _next_values(kept_sources + [None] * len(self.inner))
-                writer = (variables, kinds, objects, next_donated, next_kept)
+                writer = (variables, objects, next_donated, next_kept)
             self.writers[outcome] = writer
         self.last_outcome, self.last_writer = outcome, writer
         return writer

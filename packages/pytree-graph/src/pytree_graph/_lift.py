@@ -24,7 +24,6 @@ from ._variables import Variable, wrote_values
 
 _get_variable_flat = attrgetter("_pg_flat")
 _first = itemgetter(0)
-_set_value = Variable._pg_flat.__set__  # type: ignore[attr-defined]
 
 
 def value_of(leaf: Any) -> Any:
@@ -294,7 +293,7 @@ class LiftedCall:
             for position, value in zip(positions, values, strict=True):
                 variable = leaves[position]
                 check_writable(variable)
-                _set_value(variable, ((value,), variable._pg_flat[1]))
+                variable._pg_flat[0][0] = value
         finally:
             wrote_values()
 

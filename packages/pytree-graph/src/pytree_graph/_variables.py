@@ -37,7 +37,7 @@ class _Kind:
 
     def __call__(self, children: Any) -> "Variable":
         variable = object.__new__(self.cls)
-        _set_flat(variable, (tuple(children), self))
+        _set_flat(variable, (list(children), self))
         _set_trace(variable, current_trace_token())
         return variable
 
@@ -170,7 +170,7 @@ class Variable:
 
     __slots__ = ("__weakref__", "_pg_flat", "_pg_trace")
 
-    _pg_flat: tuple[tuple[Any], _Kind]
+    _pg_flat: tuple[list[Any], _Kind]  # ([value], kind): see `_register`
     _pg_trace: Any
 
     # `Param[jax.Array]` for annotations; `isinstance` and pytree registration use the class.
@@ -189,7 +189,7 @@ class Variable:
         if "mesh" in metadata:
             value = _placed(type(self).__name__, value, metadata.get("sharding"), metadata["mesh"])
         again = _initialized(self)
-        _set_flat(self, ((value,), kind))
+        _set_flat(self, ([value], kind))
         _set_trace(self, current_trace_token())
         wrote_values()  # (only `__init__` called again on a Variable makes it a write)
         if again:  # new metadata and trace, as `__setstate__`
@@ -256,7 +256,7 @@ class Variable:
                 "assign its `.value`, or replace the attribute holding this Variable."
             )
         _guard(self, "set the value")
-        _set_flat(self, ((value,), self._pg_flat[1]))
+        self._pg_flat[0][0] = value
         wrote_values()
 
     @property
@@ -518,7 +518,7 @@ class Variable:
     def __setstate__(self, state: tuple[Any, dict[str, Any]]) -> None:
         value, metadata = state
         again = _initialized(self)
-        _set_flat(self, ((value,), _kind(type(self), metadata)))
+        _set_flat(self, ([value], _kind(type(self), metadata)))
         _set_trace(self, current_trace_token())
         wrote_values()
         if again:  # its metadata and trace may be new: a structural change
@@ -778,7 +778,10 @@ def is_variable(x: Any) -> bool:
 
 def _register(cls: type) -> None:
     # The flattened form is kept in a slot, so JAX flattens a Variable with a C-level
-    # attribute read; the kind is the treedef entry and builds the Variable back.
+    # attribute read; the kind is the treedef entry and builds the Variable back. The
+    # value sits in a one-item list of its own (never shared: every Variable made gets a
+    # new one), so a write replaces the item in place: no object is made or freed, which
+    # is most of what writing back a step's ~200 values costs (`jit_partial`).
     jax.tree_util.register_pytree_with_keys(
         cls,
         _flatten_with_keys,
