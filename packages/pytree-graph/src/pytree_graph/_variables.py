@@ -77,10 +77,12 @@ class ValueWrites:
 
     `jit_partial` keeps the values it wrote into its bound Variables, and passes them to
     the next call as they are, without reading 200 Variables again, while the stamp is
-    the one its own write left. So every write of a value into an existing Variable must
-    end with `wrote_values()`: `set_value`, and each of pytree_graph's writes back. (A
-    change of metadata needs none: it bumps `pytree_module.extend.mutations`, which
-    makes `jit_partial` walk its objects again.)
+    the one its own write left; it keeps the value lists it wrote into as well (see
+    `_register`), which are replaced only by writes that draw a stamp (`__init__` or
+    `__setstate__` run again, a merge into existing objects). So every write of a value
+    into an existing Variable must end with `wrote_values()`: `set_value`, and each of
+    pytree_graph's writes back. (A change of metadata needs none: it bumps
+    `pytree_module.extend.mutations`, which makes `jit_partial` walk its objects again.)
     """
 
     __slots__ = ("last",)
