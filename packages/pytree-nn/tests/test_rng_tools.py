@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from distribution_args import DISTRIBUTION_ARGS
 
 import pytree_graph as pg
 from pytree_filter import PathContains
@@ -393,3 +394,25 @@ def test_initializer_shortcuts_draw_a_new_key_at_each_call():
 def test_initializer_names_are_methods_not_stream_names():
     with pytest.raises(ValueError, match="cannot be called 'he_normal'"):
         Rngs(he_normal=0)
+
+
+# ---------------------------------------------------------------------- distributions
+
+
+@pytest.mark.parametrize("name", sorted(DISTRIBUTION_ARGS))
+def test_distribution_shortcuts_sample_with_the_next_key(name):
+    args = DISTRIBUTION_ARGS[name]
+    sample = getattr(jax.random, name)
+    rngs = Rngs(0, dropout=1)
+    first, second = getattr(rngs, name)(*args), getattr(rngs, name)(*args)
+    np.testing.assert_array_equal(first, sample(nth_key(0, 0), *args))
+    np.testing.assert_array_equal(second, sample(nth_key(0, 1), *args))
+    from_stream = getattr(rngs.dropout, name)(*args)
+    np.testing.assert_array_equal(from_stream, sample(nth_key(1, 0), *args))
+    assert count(rngs.default) == 2 and count(rngs.dropout) == 1
+
+
+def test_distribution_names_are_methods_not_stream_names():
+    for name in ("beta", "t", "poisson"):
+        with pytest.raises(ValueError, match=f"cannot be called '{name}'"):
+            Rngs(0, **{name: 1})

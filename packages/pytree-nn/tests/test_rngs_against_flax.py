@@ -8,6 +8,7 @@ are compared exactly.
 import jax
 import numpy as np
 import pytest
+from distribution_args import DISTRIBUTION_ARGS
 
 import pytree_graph as pg
 import pytree_nn as pnn
@@ -93,3 +94,32 @@ def test_stream_tags_and_rng_state_select_the_same_variables():
     our_paths = sorted(pg.state(ours, pnn.RngState).flat_state())
     their_paths = sorted(path for path, _ in nnx.to_flat_state(nnx.state(theirs, nnx.RngState)))
     assert our_paths == their_paths
+
+
+def nnx_distributions():
+    """The `jax.random` samplers that NNX's `Rngs` has as methods."""
+    return sorted(
+        name
+        for name in dir(nnx.Rngs)
+        if getattr(getattr(nnx.Rngs, name), "__wrapped__", None) is getattr(jax.random, name, 0)
+    )
+
+
+def test_every_distribution_shortcut_of_nnx_is_here():
+    names = nnx_distributions()
+    assert len(names) > 30  # (the discovery above found them)
+    assert sorted(DISTRIBUTION_ARGS) == names
+    for name in names:
+        assert callable(getattr(pnn.Rngs, name)) and callable(getattr(pnn.RngStream, name))
+
+
+@pytest.mark.parametrize("name", sorted(DISTRIBUTION_ARGS))
+def test_distribution_shortcuts_draw_as_nnxs(name):
+    args = DISTRIBUTION_ARGS[name]
+    ours, theirs = pair(default=0, dropout=1)
+    for _ in range(2):  # the first and second keys of the default stream
+        np.testing.assert_array_equal(getattr(ours, name)(*args), getattr(theirs, name)(*args))
+    np.testing.assert_array_equal(
+        getattr(ours.dropout, name)(*args), getattr(theirs.dropout, name)(*args)
+    )
+    assert count(ours.default) == count(theirs.default) == 2

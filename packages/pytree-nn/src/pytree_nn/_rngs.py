@@ -117,18 +117,47 @@ def _fold_in(key: jax.Array, count: jax.Array) -> jax.Array:
     return fold_in(key, count)
 
 
+# The samplers of `jax.random` that Flax NNX's `Rngs` and `RngStream` have as methods:
+# `rngs.beta(a, b, shape)` is `jax.random.beta(rngs(), a, b, shape)`.
 _DISTRIBUTIONS = (
-    "normal",
-    "uniform",
+    "ball",
     "bernoulli",
+    "beta",
+    "binomial",
+    "bits",
     "categorical",
-    "truncated_normal",
-    "randint",
-    "permutation",
+    "cauchy",
+    "chisquare",
     "choice",
+    "dirichlet",
+    "double_sided_maxwell",
+    "exponential",
+    "f",
+    "gamma",
+    "generalized_normal",
+    "geometric",
     "gumbel",
     "laplace",
-    "exponential",
+    "loggamma",
+    "logistic",
+    "lognormal",
+    "maxwell",
+    "multinomial",
+    "multivariate_normal",
+    "normal",
+    "orthogonal",
+    "pareto",
+    "permutation",
+    "poisson",
+    "rademacher",
+    "randint",
+    "rayleigh",
+    "t",
+    "triangular",
+    "truncated_normal",
+    "uniform",
+    "wald",
+    "weibull_min",
 )
 
 

@@ -1,0 +1,46 @@
+"""The samplers of `jax.random` that `Rngs` and `RngStream` have as methods (those of Flax
+NNX's), each with arguments to call it with after the key: shared by the tests of the
+shortcuts and their comparison with Flax NNX."""
+
+import jax.numpy as jnp
+
+DISTRIBUTION_ARGS = {
+    "ball": (2,),
+    "bernoulli": (0.5, (3,)),
+    "beta": (2.0, 3.0, (3,)),
+    "binomial": (5.0, 0.5, (3,)),
+    "bits": ((3,),),
+    "categorical": (jnp.zeros(4),),
+    "cauchy": ((3,),),
+    "chisquare": (3.0, (3,)),
+    "choice": (5, (3,)),
+    "dirichlet": (jnp.ones(3),),
+    "double_sided_maxwell": (0.0, 1.0, (3,)),
+    "exponential": ((3,),),
+    "f": (3.0, 4.0, (3,)),
+    "gamma": (2.0, (3,)),
+    "generalized_normal": (2.0, (3,)),
+    "geometric": (0.5, (3,)),
+    "gumbel": ((3,),),
+    "laplace": ((3,),),
+    "loggamma": (2.0, (3,)),
+    "logistic": ((3,),),
+    "lognormal": (0.5, (3,)),
+    "maxwell": ((3,),),
+    "multinomial": (5.0, jnp.array([0.2, 0.3, 0.5])),
+    "multivariate_normal": (jnp.zeros(2), jnp.eye(2)),
+    "normal": ((3,),),
+    "orthogonal": (3,),
+    "pareto": (2.0, (3,)),
+    "permutation": (5,),
+    "poisson": (3.0, (3,)),
+    "rademacher": ((3,),),
+    "randint": ((3,), 0, 10),
+    "rayleigh": (1.0, (3,)),
+    "t": (3.0, (3,)),
+    "triangular": (0.0, 0.5, 1.0, (3,)),
+    "truncated_normal": (-1.0, 1.0, (3,)),
+    "uniform": ((3,),),
+    "wald": (1.0, (3,)),
+    "weibull_min": (1.0, 2.0, (3,)),
+}
