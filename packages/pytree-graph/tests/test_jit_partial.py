@@ -531,3 +531,34 @@ def test_copies_keep_their_values_while_the_original_trains(how):
     for v in made:
         v.value = jnp.zeros_like(v.value)  # and a write to a copy leaves the model alone
     assert_same([v.value for v in originals], trained)
+
+
+def test_eval_shape_computes_nothing_and_changes_nothing():
+    model = Model()
+    train = pg.jit_partial(step, model)
+    before = params(model)
+    loss = train.eval_shape(jnp.ones(2))
+    assert isinstance(loss, jax.ShapeDtypeStruct) and loss.shape == ()
+    assert_same(params(model), before)
+
+    def grown(m, x):
+        m.layers[0].w.value = jnp.zeros((2, 2))
+        return m, x * 2
+
+    out, doubled = pg.jit_partial(grown, model).eval_shape(jnp.ones(2))
+    assert out is not model and isinstance(out.layers[0].w.value, jax.ShapeDtypeStruct)
+    assert doubled.shape == (2,)
+    assert_same(params(model), before)
+    with pytest.raises(TypeError, match="holds a Linear"):
+        train.eval_shape(Linear())
+
+
+def test_a_class_attribute_binds_like_a_method():
+    model = Linear()
+
+    class Holder:
+        scale = 2.0
+        apply = pg.jit_partial(lambda m, holder, x: m(x) * holder.scale, model)
+
+    assert Holder().apply(jnp.ones(2)).tolist() == [4.0, 4.0]
+    assert Holder.apply is vars(Holder)["apply"]  # on the class: the function itself

@@ -5,6 +5,7 @@ import pytest
 
 nnx = pytest.importorskip("flax.nnx")
 
+import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
@@ -103,3 +104,36 @@ def test_variable_replaced_outside_is_seen_where_nnx_keeps_the_old_one():
     assert jnp.allclose(our_fn(x), B)  # the new (zero) weights
     # NNX flattened the bound objects once: it still computes with the old Param.
     assert jnp.allclose(their_fn(x), jnp.ones(2) @ W + B)
+
+
+def test_eval_shape_gives_nnxs_shapes_and_changes_nothing():
+    ours, theirs = Ours(), Theirs()
+    x = jnp.ones((5, 2))
+    our_shape = pg.jit_partial(our_step, ours, Optimizer(ours, optax.sgd(0.1))).eval_shape(x)
+    their_shape = nnx.jit_partial(
+        their_step, theirs, nnx.Optimizer(theirs, optax.sgd(0.1), wrt=nnx.Param), graph=False
+    ).eval_shape(x)
+    assert (our_shape.shape, our_shape.dtype) == (their_shape.shape, their_shape.dtype)
+    assert jnp.array_equal(ours.w.value, W) and jnp.array_equal(theirs.w[...], W)
+
+
+def test_as_a_class_attribute_it_binds_like_nnxs():
+    def scaled(model, holder, x):
+        return model(x) * holder.scale
+
+    ours, theirs = Ours(), Theirs()
+
+    # A pytree with no leaves: NNX passes the instance to `jax.jit` as an argument.
+    @jax.tree_util.register_static
+    class OurHolder:
+        scale = 3.0
+        apply = pg.jit_partial(scaled, ours)
+
+    @jax.tree_util.register_static
+    class TheirHolder:
+        scale = 3.0
+        apply = nnx.jit_partial(scaled, theirs, graph=False)
+
+    x = jnp.array([1.0, -2.0])
+    assert jnp.allclose(OurHolder().apply(x), TheirHolder().apply(x))
+    assert jnp.allclose(OurHolder().apply(x), ours(x) * 3.0)

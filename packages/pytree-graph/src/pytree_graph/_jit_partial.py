@@ -46,10 +46,12 @@ import jax
 from pytree_filter import SHAPED_TYPES
 from pytree_module import Module
 from pytree_module.extend import current_trace_token, mutations
+from pytree_transforms.extend import BindsAsMethod
 
 from ._boundary import Call, Inside
 from ._error_names import rename_in_error
 from ._errors import check_callable
+from ._eval_shape import eval_shape
 from ._graphdef import Builder, GraphDef, check_writable
 from ._jit import _REFUSED_OPTIONS, Lowered, Traced, _GraphJit, return_donated
 from ._lift import LiftedCall, LiftPlan, Reordered
@@ -381,8 +383,12 @@ def _next_values(sources: list[int | None]) -> Callable[[list[Any], list[Any]], 
     ]
 
 
-class JitPartial:
-    """The function `jit_partial` returns: call it with the per-step arguments."""
+class JitPartial(BindsAsMethod):
+    """The function `jit_partial` returns: call it with the per-step arguments.
+
+    As a class attribute it binds like a method (as `jax.jit`'s functions and Flax NNX's
+    `jit_partial` do): `obj.step(x)` calls it with `obj` as the first per-step argument.
+    """
 
     def __init__(self, fun: Callable[..., Any], bound: tuple, jit_kwargs: dict[str, Any]):
         name = getattr(fun, "__name__", type(fun).__name__)
@@ -543,6 +549,29 @@ class JitPartial:
         called_with = donated, kept, _ = binding.values()
         inputs = (binding.layout, donated, kept, statics, *step_args)
         return binding, inputs, step_kwargs, called_with
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """The output of a call with these per-step arguments, with shapes and dtypes
+        only: nothing is computed and the bound objects are left as they are (as
+        `pytree_graph.eval_shape` of the function with all its arguments).
+
+        Returns:
+            The output, each array a `jax.ShapeDtypeStruct` (Modules and Variables in it
+            are new objects holding them).
+
+        Raises:
+            TypeError: a per-step argument holds a Module or Variable.
+
+        Examples:
+            >>> import jax.numpy as jnp
+            >>> from pytree_graph import Param, jit_partial
+            >>> w = Param(jnp.ones((2, 3)))
+            >>> apply = jit_partial(lambda w, x: x @ w.value, w)
+            >>> apply.eval_shape(jnp.ones((5, 2)))
+            ShapeDtypeStruct(shape=(5, 3), dtype=float32)
+        """
+        self._split_step(args, kwargs)  # refuses Modules and Variables, as a call does
+        return eval_shape(self._fun, *self._bound, *args, **kwargs)
 
     def trace(self, *args: Any, **kwargs: Any) -> Traced:
         """Trace for these per-step arguments, ahead of time (as `jax.jit(f).trace`).
