@@ -5,6 +5,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import pytree_graph as pg
@@ -374,8 +375,6 @@ def test_errors():
         f()
     with pytest.raises(TypeError, match="per-step argument args\\[0\\] holds a Linear"):
         f(Linear())
-    with pytest.raises(TypeError, match="does not take `in_shardings`"):
-        pg.jit_partial(step, model, in_shardings=None)
     with pytest.raises(TypeError, match="does not take `static_argnums`"):
         pg.jit_partial(step, model, static_argnums=1)
 
@@ -562,3 +561,60 @@ def test_a_class_attribute_binds_like_a_method():
 
     assert Holder().apply(jnp.ones(2)).tolist() == [4.0, 4.0]
     assert Holder.apply is vars(Holder)["apply"]  # on the class: the function itself
+
+
+@pytest.mark.multi_device
+def test_shardings_lay_out_the_bound_objects_the_steps_arguments_and_the_output():
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from pytree_graph import StateSharding
+
+    mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
+    rows = NamedSharding(mesh, PartitionSpec("data"))
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    class Wide(Module):
+        def __init__(self):
+            self.w = Param(jnp.arange(8.0))
+            self.count = Variable(jnp.array(0))
+
+    def train(m, x):
+        m.w.value = m.w.value * x
+        m.count.value += 1
+        return m.w.value + x
+
+    model, reference = Wide(), Wide()
+    laid_out = pg.jit_partial(
+        train,
+        model,
+        in_shardings=(StateSharding({Param: rows, ...: replicated}), rows),
+        out_shardings=rows,
+    )
+    for _ in range(3):
+        out = laid_out(jnp.full(8, 2.0))
+        expected = train(reference, jnp.full(8, 2.0))
+    assert jnp.array_equal(out, expected) and jnp.array_equal(model.w.value, reference.w.value)
+    assert model.w.value.sharding.is_equivalent_to(rows, 1)
+    assert len(model.w.value.addressable_shards) == 8  # one row per device
+    assert model.count.value.sharding.is_equivalent_to(replicated, 0)
+    assert out.sharding.is_equivalent_to(rows, 1)
+    # One sharding for everything; per-step arguments laid out through a prefix.
+    both = pg.jit_partial(lambda w, xs: w.value * xs["a"], Param(jnp.ones(8)), in_shardings=rows)
+    assert both({"a": jnp.ones(8)}).sharding.is_equivalent_to(rows, 1)
+
+
+def test_shardings_errors():
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+    rows = NamedSharding(mesh, PartitionSpec("data"))
+    model = Linear()
+    apply = pg.jit_partial(lambda m, x: m(x), model, in_shardings=(None, rows, rows))
+    with pytest.raises(ValueError, match=r"in_shardings has 3 entries, 1 for the bound"):
+        apply(jnp.ones(2))
+    pairs = pg.jit_partial(lambda m, p: m(p[0]), model, in_shardings=(None, (rows, rows, rows)))
+    with pytest.raises(ValueError, match=r"in_shardings\[1\] \(for per-step argument 0\)"):
+        pairs((jnp.ones(2), jnp.ones(2)))
+    assert pg.jit_partial(lambda m, x: m(x), model, in_shardings=(None, rows))(
+        jnp.ones(2)
+    ).tolist() == [2.0, 2.0]

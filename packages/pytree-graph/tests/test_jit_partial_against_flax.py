@@ -7,6 +7,7 @@ nnx = pytest.importorskip("flax.nnx")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import pytree_graph as pg  # noqa: E402
@@ -137,3 +138,18 @@ def test_as_a_class_attribute_it_binds_like_nnxs():
     x = jnp.array([1.0, -2.0])
     assert jnp.allclose(OurHolder().apply(x), TheirHolder().apply(x))
     assert jnp.allclose(OurHolder().apply(x), ours(x) * 3.0)
+
+
+def test_in_and_out_shardings_are_taken_as_nnxs():
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    ours, theirs = Ours(), Theirs()
+    our_opt = Optimizer(ours, optax.adam(0.1))
+    their_opt = nnx.Optimizer(theirs, optax.adam(0.1), wrt=nnx.Param)
+    options = {"in_shardings": (replicated, replicated, replicated), "out_shardings": replicated}
+    our_fn = pg.jit_partial(our_step, ours, our_opt, **options)
+    their_fn = nnx.jit_partial(their_step, theirs, their_opt, graph=False, **options)
+    assert trained(lambda: our_fn) == trained(lambda: their_fn)
+    assert jnp.allclose(ours.w.value, theirs.w[...])

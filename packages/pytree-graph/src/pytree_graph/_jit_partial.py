@@ -53,7 +53,16 @@ from ._error_names import rename_in_error
 from ._errors import check_callable
 from ._eval_shape import eval_shape
 from ._graphdef import Builder, GraphDef, check_writable
-from ._jit import _REFUSED_OPTIONS, Lowered, Traced, _GraphJit, return_donated
+from ._jit import (
+    _REFUSED_OPTIONS,
+    Lowered,
+    Traced,
+    _constrain,
+    _GraphJit,
+    _is_sharding,
+    _Shardings,
+    return_donated,
+)
 from ._lift import LiftedCall, LiftPlan, Reordered
 from ._lift_cache import CHECK_HITS, CachedWalk, Checks, _check_hit
 from ._outcome import Outcome, ValuesChanged
@@ -392,13 +401,7 @@ class JitPartial(BindsAsMethod):
 
     def __init__(self, fun: Callable[..., Any], bound: tuple, jit_kwargs: dict[str, Any]):
         name = getattr(fun, "__name__", type(fun).__name__)
-        for option, why in {
-            **_REFUSED_OPTIONS,
-            "in_shardings": "lay the bound objects out once, with `pytree_graph.shard` or "
-            "`jax.device_put`, or compile the step with `pytree_graph.jit(..., "
-            "in_shardings=...)`.",
-            "out_shardings": "compile the step with `pytree_graph.jit(..., out_shardings=...)`.",
-        }.items():
+        for option, why in _REFUSED_OPTIONS.items():
             if option in jit_kwargs:
                 raise TypeError(f"jit_partial does not take `{option}`: {why}")
         for i, value in enumerate(bound):
@@ -425,6 +428,12 @@ class JitPartial(BindsAsMethod):
         donate = jit_kwargs.pop("donate_argnums", ())
         self._donate = frozenset((donate,) if isinstance(donate, int) else donate)
         num_bound = len(bound)
+        shardings, step_shardings = _split_shardings(
+            call,
+            num_bound,
+            jit_kwargs.pop("in_shardings", None),
+            jit_kwargs.pop("out_shardings", None),
+        )
         # The jitted function's arguments: layout, donated, kept, statics, per-step ones.
         donate_argnums = ((1,) if any(d < num_bound for d in self._donate) else ()) + tuple(
             sorted(4 + d - num_bound for d in self._donate if d >= num_bound)
@@ -433,9 +442,16 @@ class JitPartial(BindsAsMethod):
         def pure(
             layout: _Layout, donated: list, kept: list, statics: Any, *args: Any, **kwargs: Any
         ) -> Any:
-            inside = Inside(layout.structure, layout.values(donated, kept))
+            values = layout.values(donated, kept)
+            if shardings is None:
+                inside = Inside(layout.structure, values)
+            else:
+                inside = Inside(layout.structure, values, prepare=shardings.inputs)
+                shardings.check_shared(inside)
             if statics is not None:
                 args, kwargs = statics.rebuild(args, kwargs)
+            if step_shardings is not None:
+                args = _lay_out_step(step_shardings, args, num_bound)
             tree = inside.tree
             if call.lift_fun:
                 out = tree[0](*tree[1], *args, **kwargs)
@@ -443,6 +459,8 @@ class JitPartial(BindsAsMethod):
                 out = call.fun(*tree[0], *args, **kwargs)
             outcome, values = inside.finish(out)
             outcome, values = return_donated(inside, outcome, values, layout.donated_positions)
+            if shardings is not None:
+                values = shardings.outputs(inside, outcome, values)
             return outcome, list(values)  # a list: a call passes on a slice of it
 
         self._jitted = jax.jit(pure, donate_argnums=donate_argnums, **jit_kwargs)
@@ -624,6 +642,50 @@ class JitPartial(BindsAsMethod):
         return call
 
 
+def _split_shardings(
+    call: Call, num_bound: int, in_shardings: Any, out_shardings: Any
+) -> tuple[_Shardings | None, Any]:
+    """`in_shardings` and `out_shardings` as the bound objects' (laid out as by
+    `pytree_graph.jit`) and the per-step arguments' (a tuple with one entry per argument,
+    or one sharding for all; None: not given)."""
+    if isinstance(in_shardings, tuple | list):
+        bound, step = tuple(in_shardings[:num_bound]), tuple(in_shardings[num_bound:])
+    else:
+        bound = step = in_shardings
+    if bound is None and out_shardings is None:
+        return None, step
+    return _Shardings(call, bound, out_shardings), step
+
+
+def _lay_out_step(shardings: Any, args: tuple, num_bound: int) -> tuple:
+    """The per-step arguments (traced), each laid out as its entry of `in_shardings`
+    says: a sharding for all its arrays, or a pytree prefix of it with one per part."""
+    if not isinstance(shardings, tuple):
+        shardings = (shardings,) * len(args)
+    if len(shardings) > len(args):
+        raise ValueError(
+            f"jit_partial: in_shardings has {num_bound + len(shardings)} entries, "
+            f"{num_bound} for the bound arguments and {len(shardings)} for per-step ones, "
+            f"but the call passed {len(args)} per-step positional argument(s). Give one "
+            "entry per positional argument of the function (None where any layout goes)."
+        )
+    laid_out = list(args)
+    for i, (spec, arg) in enumerate(zip(shardings, args, strict=False)):
+        try:
+            laid_out[i] = jax.tree.map(
+                lambda sharding, part: jax.tree.map(lambda a: _constrain(a, sharding), part),
+                spec,
+                arg,
+                is_leaf=_is_sharding,
+            )
+        except ValueError as error:
+            raise ValueError(
+                f"jit_partial: in_shardings[{num_bound + i}] (for per-step argument {i}) "
+                f"must be a sharding or a pytree prefix of the argument: {error}"
+            ) from None
+    return tuple(laid_out)
+
+
 def _signature(fun: Callable[..., Any]) -> inspect.Signature | None:
     try:
         return inspect.signature(fun)
@@ -649,11 +711,15 @@ def jit_partial(fun: Callable[..., Any], *partial_args: Any, **jit_kwargs: Any) 
     Arguments:
         fun: the function, taking the bound arguments first.
         *partial_args: the Modules and Variables to bind (each a Module or Variable).
-        **jit_kwargs: as for `pytree_graph.jit` (passed on to `jax.jit`), except the
-            shardings. `donate_argnums` numbers `fun`'s positional arguments, the bound
-            ones first: donating a bound argument donates its Variables' values (the
-            new ones are written back), donating a later one donates that per-step
-            argument.
+        **jit_kwargs: as for `pytree_graph.jit` (passed on to `jax.jit`).
+            `donate_argnums` numbers `fun`'s positional arguments, the bound ones first:
+            donating a bound argument donates its Variables' values (the new ones are
+            written back), donating a later one donates that per-step argument.
+            `in_shardings` too: one sharding for everything, or a tuple with an entry per
+            positional argument, the bound ones first (for a bound object: a sharding, a
+            State of them, a `StateSharding` or a pytree prefix, as in `pytree_graph.jit`,
+            also laying out the Variables written; for a per-step argument: a sharding or
+            a pytree prefix of it). `out_shardings` lays out the output.
 
     Returns:
         The compiled function of the remaining arguments. Its `.lower(*args)` and
