@@ -47,17 +47,14 @@ class _GraphJit(BindsAsMethod):
             if layout is None:
                 inside = Inside(graphdef, values)
                 return inside.finish(call.run(inside.tree))
-            inside = Inside(graphdef, values, prepare=layout.inputs)
-            layout.check_shared(inside)
+            inside = layout.enter(graphdef, values)
             outcome, out_values = inside.finish(call.run(inside.tree))
             return outcome, layout.outputs(inside, outcome, out_values)
 
         def pure_donating(graphdef: GraphDef, donated: list[Any], kept: list[Any], mask: tuple):
             donated_values, kept_values = iter(donated), iter(kept)
             values = [next(donated_values if d else kept_values) for d in mask]
-            inside = Inside(graphdef, values, prepare=None if layout is None else layout.inputs)
-            if layout is not None:
-                layout.check_shared(inside)
+            inside = Inside(graphdef, values) if layout is None else layout.enter(graphdef, values)
             outcome, out_values = inside.finish(call.run(inside.tree))
             # A donated Variable the function did not write still needs a live value.
             donated = tuple(p for p, d in enumerate(mask) if d)
@@ -465,6 +462,13 @@ class _Shardings:
             if out_shardings is None
             else SpecTable(out_shardings, _is_sharding, "out_shardings", _SHARDING)
         )
+
+    def enter(self, graphdef: GraphDef | Reordered, values: list[Any]) -> Inside:
+        """The inside of a call given these values, laid out as `in_shardings` say (and an
+        object shared by two arguments refused if they lay it out in two ways)."""
+        inside = Inside(graphdef, values, prepare=self.inputs)
+        self.check_shared(inside)
+        return inside
 
     def inputs(self, graphdef: GraphDef, values: list[Any]) -> list[Any]:
         """The values the function gets (in leaf order), laid out as `in_shardings` say."""

@@ -446,8 +446,7 @@ class JitPartial(BindsAsMethod):
             if shardings is None:
                 inside = Inside(layout.structure, values)
             else:
-                inside = Inside(layout.structure, values, prepare=shardings.inputs)
-                shardings.check_shared(inside)
+                inside = shardings.enter(layout.structure, values)
             if statics is not None:
                 args, kwargs = statics.rebuild(args, kwargs)
             if step_shardings is not None:
@@ -476,9 +475,8 @@ class JitPartial(BindsAsMethod):
             stamp == value_writes.last
             and binding.epoch == mutations.count
             and binding.trace is current_trace_token()
-            and not kwargs
             and (binding.same_containers is None or binding.same_containers())
-            and all(map(_array_types.__contains__, map(type, args)))
+            and _plain_arrays(args, kwargs)
         ):
             called_with = donated, kept, _ = binding.next_donated, binding.next_kept, stamp
             try:

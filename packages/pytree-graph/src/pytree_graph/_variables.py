@@ -190,12 +190,13 @@ class Variable:
         kind = _kind(type(self), metadata)
         if "mesh" in metadata:
             value = _placed(type(self).__name__, value, metadata.get("sharding"), metadata["mesh"])
-        again = _initialized(self)
         _set_flat(self, ([value], kind))
         _set_trace(self, current_trace_token())
         wrote_values()  # (only `__init__` called again on a Variable makes it a write)
-        if again:  # new metadata and trace, as `__setstate__`
-            touch()
+        # Called again on a live Variable, `__init__` gives it new metadata and a new
+        # trace: a structural change. Counted for a new one too: telling the two apart
+        # (a missing slot raises) costs more than the count.
+        touch()
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
@@ -519,12 +520,10 @@ class Variable:
 
     def __setstate__(self, state: tuple[Any, dict[str, Any]]) -> None:
         value, metadata = state
-        again = _initialized(self)
         _set_flat(self, ([value], _kind(type(self), metadata)))
         _set_trace(self, current_trace_token())
         wrote_values()
-        if again:  # its metadata and trace may be new: a structural change
-            touch()
+        touch()  # on a live Variable, new metadata and trace: as `__init__`
 
 
 class VariableMetadata:
@@ -656,17 +655,7 @@ def _a(value: Any) -> str:
 
 
 _set_flat = Variable._pg_flat.__set__  # type: ignore[attr-defined]
-_get_flat = Variable._pg_flat.__get__  # type: ignore[attr-defined]
 _set_trace = Variable._pg_trace.__set__  # type: ignore[attr-defined]
-
-
-def _initialized(variable: Variable) -> bool:
-    """Whether `variable` holds a value already (`__init__` or `__setstate__` run again)."""
-    try:
-        _get_flat(variable)
-    except AttributeError:
-        return False
-    return True
 
 
 # The value-reading methods as installed on subclasses that override `get_value`; Variable's
