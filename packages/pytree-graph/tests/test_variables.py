@@ -205,3 +205,44 @@ def test_repr_copy_and_pickle():
     for other in (copy.copy(v), copy.deepcopy(v), pickle.loads(pickle.dumps(v)), v.copy()):
         assert type(other) is Param and other is not v and other.sharding == (None, "model")
         assert other.value.shape == (2, 3)
+
+
+class TiedCoder(Module):
+    def __init__(self):
+        self.kernel = Param(jnp.ones((2, 2)), sharding=(None, "model"))
+        self.dec_kernel = self.kernel
+        self.stats = BatchStat(jnp.zeros(2))
+        self.bias = Param(jnp.zeros(2))
+
+
+def test_tree_at_replacing_a_variable_by_a_value_keeps_the_variable():
+    import pytree_graph as pg
+    from pytree_module import tree_at
+
+    model = TiedCoder()
+    new = tree_at(lambda m: m.dec_kernel, model, jnp.full((2, 2), 3.0))
+    # A new Param of the same kind (the input is not changed), still tied, still a Param.
+    assert type(new.dec_kernel) is Param and new.dec_kernel.sharding == (None, "model")
+    assert new.dec_kernel is new.kernel and new.kernel is not model.kernel
+    assert new.kernel.value.tolist() == [[3.0, 3.0], [3.0, 3.0]]
+    assert model.kernel.value.tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    assert set(pg.state(new, Param).flat_state()) == {("bias",), ("dec_kernel",)}
+    # replace_fn gets the Variable; what it returns (Variable arithmetic gives an array)
+    # is the new value.
+    doubled = tree_at(lambda m: m.stats, model, replace_fn=lambda s: s + 1.0)
+    assert type(doubled.stats) is BatchStat and doubled.stats.value.tolist() == [1.0, 1.0]
+    assert doubled.kernel is doubled.dec_kernel
+    # Picking the value is the same change.
+    by_value = tree_at(lambda m: m.kernel.value, model, jnp.zeros((2, 2)))
+    assert by_value.kernel is by_value.dec_kernel and by_value.kernel.value.sum() == 0
+    # A Variable given is put in at the place picked (as `m.dec_kernel = Param(...)`
+    # would): the decoder gets its own Param.
+    untied = tree_at(lambda m: m.dec_kernel, model, Param(jnp.zeros((2, 2))))
+    assert untied.dec_kernel is not untied.kernel and untied.kernel.sharding == (None, "model")
+    assert type(tree_at(lambda m: m.bias, model, Count(jnp.ones(2))).bias) is Count
+    # `None` removes it; a Module replaces it (model surgery).
+    assert tree_at(lambda m: m.bias, model, None).bias is None
+    assert type(tree_at(lambda m: m.bias, model, TiedCoder()).bias) is TiedCoder
+    # Two paths to one Variable cannot get two values.
+    with pytest.raises(ValueError, match="twice, by two paths to one shared object"):
+        tree_at(lambda m: (m.kernel, m.dec_kernel), model, (jnp.zeros((2, 2)), jnp.ones((2, 2))))

@@ -437,3 +437,47 @@ def test_static_key_is_the_key_of_treedef_entries():
         same_entry = flat_form(a)[1] is flat_form(b)[1]
         same_key = extend.static_key(a.sizes) == extend.static_key(b.sizes)
         assert same_entry == same_key
+
+
+class _Cell:
+    """A registered pytree node holding one value, for `register_tree_at_rule`."""
+
+    def __init__(self, value, unit):
+        self.value, self.unit = value, unit
+
+
+jax.tree_util.register_pytree_node(
+    _Cell, lambda c: ((c.value,), c.unit), lambda unit, children: _Cell(children[0], unit)
+)
+
+
+def test_a_tree_at_rule_decides_what_replaces_a_node_of_its_type():
+    from pytree_module import tree_at
+    from pytree_module.extend import register_tree_at_rule
+
+    def rule(old, new):
+        if isinstance(new, _Cell):
+            return new
+        if isinstance(new, str):
+            raise TypeError("a _Cell takes numbers")
+        return _Cell(new, old.unit)
+
+    register_tree_at_rule(_Cell, rule)
+    shared = _Cell(1.0, "m")
+    tree = {"a": shared, "b": shared, "c": _Cell(2.0, "s")}
+    # Another object standing for the node: it takes its place everywhere.
+    out = tree_at(lambda t: t["a"], tree, 5.0)
+    assert out["a"] is out["b"] and (out["a"].value, out["a"].unit) == (5.0, "m")
+    out = tree_at(lambda t: t["c"], tree, replace_fn=lambda c: c.value * 10)
+    assert (out["c"].value, out["c"].unit) == (20.0, "s") and out["a"] is out["b"]
+    # `new` itself: the place `where` picked, only.
+    other = _Cell(3.0, "kg")
+    out = tree_at(lambda t: t["b"], tree, other)
+    assert out["b"] is other and out["a"].value == 1.0 and out["a"] is not shared
+    with pytest.raises(TypeError, match="takes numbers"):
+        tree_at(lambda t: t["a"], tree, "x")
+    assert tree["a"].value == 1.0
+    with pytest.raises(TypeError, match="expects a class"):
+        register_tree_at_rule("_Cell", rule)
+    with pytest.raises(TypeError, match="must be a function"):
+        register_tree_at_rule(_Cell, None)

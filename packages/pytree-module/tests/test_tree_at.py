@@ -99,3 +99,75 @@ def test_a_new_tuple_of_nodes_still_means_several_nodes():
     assert firsts.layers[0] == "w" and firsts.pair == ("p", 2)
     with pytest.raises(ValueError, match="returned 2 nodes"):
         tree_at(lambda m: (m.layers, m.pair), chain, [1, 2, 3])
+
+
+class Pair(Module):
+    def __init__(self, left, right):
+        self.left = left
+        self.right = right
+
+
+class Box(Module):
+    def __init__(self, w):
+        self.w = w
+        self.items = [w * 2, w * 3]
+
+
+def test_sharing_survives_and_a_replacement_changes_the_place_where_picked():
+    # A tied model: `shared` is held at two places; `other` holds its own Box.
+    shared = Box(jnp.ones(2))
+    model = {"pair": Pair(shared, shared), "other": Box(jnp.zeros(1))}
+    # An unrelated replacement keeps the tie (JAX's own tree_map would untie it).
+    out = tree_at(lambda t: t["other"].w, model, jnp.full(1, 7.0))
+    assert out["pair"].left is out["pair"].right
+    assert out["pair"].left is not shared and out["other"].w.tolist() == [7.0]
+    # Inside the shared object: one object changed, seen through both paths.
+    out = tree_at(lambda t: t["pair"].right.w, model, jnp.full(2, 5.0))
+    assert out["pair"].left is out["pair"].right
+    assert out["pair"].left.w.tolist() == [5.0, 5.0]
+    # Also through a list inside it, whichever path `where` takes.
+    out = tree_at(lambda t: t["pair"].right.items[1], model, "x")
+    assert out["pair"].left is out["pair"].right and out["pair"].left.items[1] == "x"
+    # The shared object itself, at one place: that place only, like `pair.right = new`.
+    out = tree_at(lambda t: t["pair"].right, model, "new")
+    assert out["pair"].right == "new" and isinstance(out["pair"].left, Box)
+    # The input is unchanged.
+    assert shared.w.tolist() == [1.0, 1.0] and shared.items[1].tolist() == [3.0, 3.0]
+
+
+def test_replace_fn_gets_a_copy_sharing_with_the_rest():
+    shared = Box(jnp.ones(1))
+    model = Pair(Pair(shared, 1.0), shared)
+    out = tree_at(lambda m: m.left, model, replace_fn=lambda inner: inner)
+    assert out.left.left is out.right and out.right is not shared
+
+
+def test_one_place_reached_by_two_paths_is_refused():
+    shared = Box(jnp.ones(1))
+    model = Pair(shared, shared)
+    with pytest.raises(ValueError, match="one position of the pytree"):
+        tree_at(lambda m: (m.left.w, m.right.w), model, (jnp.zeros(1), jnp.ones(1)))
+
+
+def test_empty_tuples_are_told_apart_by_position():
+    # As in Equinox: `()` is one object in Python, but `where` picked a position.
+    assert tree_at(lambda t: t[0], [(), ()], "hello") == ["hello", ()]
+    assert tree_at(lambda t: t[0][0], [((),), ()], "x") == [("x",), ()]
+    assert tree_at(lambda t: (t[0], t[1]), [(), ()], ("a", "b")) == ["a", "b"]
+    assert tree_at(lambda t: t[1], [(), ()], replace_fn=lambda x: (x, x)) == [(), ((), ())]
+
+
+def test_where_that_looks_into_a_leaf_says_what_to_do():
+    with pytest.raises(TypeError, match=r"indexes `\[0\]` into the leaf f32\[3\].*pytree itself is a single leaf.*lambda x: x"):
+        tree_at(lambda x: x[0], jnp.ones(3), 5.0)
+    with pytest.raises(AttributeError, match=r"reads `.weight` of the leaf.*replace_fn="):
+        tree_at(lambda x: x.weight, jnp.ones(3), 5.0)
+    with pytest.raises(TypeError, match=r"computes \(`__add__`\) with the leaf 1"):
+        tree_at(lambda t: t["a"] + 1, {"a": 1}, 5)
+    with pytest.raises(TypeError, match=r"iterates over the leaf"):
+        tree_at(lambda t: tuple(t["a"]), {"a": jnp.ones(2)}, 5)
+    with pytest.raises(ValueError, match="returned 3, which is not a node of the pytree"):
+        tree_at(lambda t: 3, {"a": 1}, 5)
+    # The whole leaf is a node: it can be replaced.
+    assert tree_at(lambda x: x, jnp.ones(3), 5.0) == 5.0
+    assert tree_at(lambda x: x, jnp.ones(2), replace_fn=lambda x: x.at[0].set(0.0)).tolist() == [0.0, 1.0]

@@ -294,3 +294,29 @@ def test_tree_pprint_agrees(capsys):
     ours = capsys.readouterr().out
     eqx.tree_pprint(tree, **options)
     assert ours == capsys.readouterr().out == "{'s': f32[2,3], 'layer': Linear(...)}\n"
+
+
+# tree_at on empty tuples: `()` is one object in Python, but the position `where` picked is
+# known, so both libraries replace just that one.
+
+EMPTY_TUPLE_CASES = {
+    "first of two": (lambda t: t[0], [(), ()], "hello"),
+    "second of two": (lambda t: t[1], [(), ((),)], "hello"),
+    "nested": (lambda t: t[0][0], [((),), ()], "hello"),
+    "the whole tree": (lambda t: t, (), "hello"),
+    "two at once": (lambda t: (t[0], t[1]), [(), ()], ("a", "b")),
+    "a tuple of empties": (lambda t: t[0], [((), ()), ()], "hello"),
+}
+
+
+@pytest.mark.parametrize("case", EMPTY_TUPLE_CASES.values(), ids=EMPTY_TUPLE_CASES.keys())
+def test_tree_at_on_empty_tuples_agrees(case):
+    where, tree, replace = case
+    assert pm.tree_at(where, tree, replace) == eqx.tree_at(where, tree, replace)
+
+
+def test_tree_at_on_repeated_none_is_refused_by_both():
+    with pytest.raises(ValueError, match="is_leaf"):
+        pm.tree_at(lambda t: t[0], [None, None], 1)
+    with pytest.raises(ValueError, match="is_leaf"):
+        eqx.tree_at(lambda t: t[0], [None, None], 1)

@@ -358,3 +358,23 @@ def test_update_accepts_plain_nested_dicts_of_gradients():
     expected = model.kernel.value - grads["kernel"].value
     optimizer.update(model, grads.to_pure_dict())
     np.testing.assert_allclose(model.kernel.value, expected)
+
+
+def test_a_weight_replaced_with_tree_at_is_still_trained():
+    from pytree_module import tree_at
+
+    class Tied(Module):
+        def __init__(self):
+            self.enc = Linear(2, 2, rngs=0)
+            self.dec_kernel = self.enc.kernel
+
+        def __call__(self, x):
+            return (x @ self.enc.kernel) @ self.dec_kernel.value.T
+
+    model = tree_at(lambda m: m.dec_kernel, Tied(), jnp.eye(2))
+    assert model.dec_kernel is model.enc.kernel
+    optimizer = Optimizer(model, optax.sgd(0.1), wrt=Param)
+    grads = pg.grad(lambda m: jnp.sum(m(jnp.ones((1, 2)))))(model)
+    optimizer.update(model, grads)
+    assert not np.allclose(model.enc.kernel.value, np.eye(2))
+    assert model.dec_kernel is model.enc.kernel

@@ -11,11 +11,17 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jax.tree_util import GetAttrKey
 
-from pytree_module import TraceContextError, register_data_type
+from pytree_module import Module, TraceContextError, register_data_type
 
 # The trace token helpers are shared with pytree_module's own guard, so Modules and
 # Variables agree on what "the same trace" means.
-from pytree_module.extend import constructor_pdoc, current_trace_token, same_trace, touch
+from pytree_module.extend import (
+    constructor_pdoc,
+    current_trace_token,
+    register_tree_at_rule,
+    same_trace,
+    touch,
+)
 
 from ._axis_rules import to_mesh_axes
 from ._static import static_key
@@ -781,8 +787,23 @@ def _register(cls: type) -> None:
     )
 
 
+def _tree_at_rule(old: Variable, new: Any) -> Any:
+    """What `tree_at` puts in place of a Variable `where` picked, given `new`.
+
+    A bare value is the Variable's new value: it goes into a new Variable of the same type
+    and metadata, which stands wherever the old one stood (so a tied Param stays tied, and
+    optimizers and `state(model, Param)` still find it), as `old.value = new` would in the
+    graph style, without changing `old`. A Variable, a Module (model surgery) or `None`
+    (removing it) is put in as given.
+    """
+    if new is None or isinstance(new, Variable | Module):
+        return new
+    return old._pg_flat[1]([new])
+
+
 _register(Variable)
 register_data_type(Variable)
+register_tree_at_rule(Variable, _tree_at_rule)
 
 
 class Param(Variable):

@@ -18,6 +18,9 @@ What is here:
 - The mutation count (`mutations`, `touch`): the rule that keeps caches of object graphs
   valid. Every write that changes an existing object's structure ends with `touch()`.
 - `constructor_pdoc`, to print objects the way Modules print.
+- `register_tree_at_rule`: what `tree_at` puts in place of a node of a registered type
+  that `where` picked (pytree_graph's Variables keep their type and metadata when replaced
+  by a bare value).
 - `static_key`, the key by which static values are told apart (`1`, `1.0` and `True`, or
   `0.0` and `-0.0`, are different statics): a library that caches anything per static value
   keys it the same way, so its caches share exactly what Modules' treedefs share.
@@ -56,6 +59,7 @@ from ._mutations import mutations as _mutations
 from ._pformat import constructor_pdoc
 from ._static_key import static_key
 from ._trace import current_trace_token, same_trace
+from ._tree_at import register_tree_at_rule
 
 __all__ = [
     "Layout",
@@ -69,6 +73,7 @@ __all__ = [
     "is_pytree_class",
     "mutations",
     "rebuild_into",
+    "register_tree_at_rule",
     "same_trace",
     "static_key",
     "touch",
