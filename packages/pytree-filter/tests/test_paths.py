@@ -5,6 +5,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from pytree_filter import ARRAY_TYPES, SHAPED_TYPES, is_array, path_keys, path_text
@@ -63,3 +64,10 @@ def test_array_types_are_what_is_array_accepts() -> None:
     assert not is_array(shape) and not isinstance(shape, ARRAY_TYPES)
     assert isinstance(shape, SHAPED_TYPES)
     assert not isinstance(1.0, SHAPED_TYPES)
+
+
+@pytest.mark.parametrize("bad", [5, "layers", None, {"a": 1}])
+def test_path_text_refuses_what_is_not_a_path(bad):
+    with pytest.raises(TypeError, match=r"path_text expects a path.*got .*A single key is a path of one"):
+        path_text(bad)
+    assert path_text(["layers", 0]) == ".layers[0]"

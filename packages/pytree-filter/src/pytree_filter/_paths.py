@@ -46,6 +46,9 @@ def path_text(path: Sequence[Any], *, root: str = "the top level") -> str:
     Returns:
         The path as text, or `root` when `path` is empty.
 
+    Raises:
+        TypeError: when `path` is not a sequence of keys (a single key, a string).
+
     Examples:
         >>> import jax
         >>> from pytree_filter import path_text
@@ -59,6 +62,12 @@ def path_text(path: Sequence[Any], *, root: str = "the top level") -> str:
         >>> path_text(())
         'the top level'
     """
+    if type(path) is not tuple and (isinstance(path, str | bytes) or not isinstance(path, Sequence)):
+        raise TypeError(
+            f"path_text expects a path, a sequence of keys such as ('layers', 0, 'w') or a "
+            f"JAX key path; got {path!r}, a {type(path).__name__}. A single key is a path "
+            f"of one: `path_text(({path!r},))`."
+        )
     if not path:
         return root
     return "".join(map(_key_text, path))
