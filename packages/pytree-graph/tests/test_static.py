@@ -76,3 +76,65 @@ def test_variable_metadata_keeps_its_type():
     assert type(Param(1.0, tag=1).tag) is int
     assert type(Param(1.0, tag=1.0).tag) is float
     assert pg.graphdef([Param(1.0, tag=1)]) != pg.graphdef([Param(1.0, tag=True)])
+
+
+class Scaled(Module):
+    def __init__(self):
+        self.scales = [1.0, 2.0]
+        self.w = Param(jnp.ones(2))
+
+    def __call__(self, x):
+        return x * self.scales[0] + self.w.value
+
+
+class ScaledNode(Module, pytree=False):
+    def __init__(self):
+        self.scales = [1.0, 2.0]
+        self.w = Param(jnp.ones(2))
+
+    def __call__(self, x):
+        return x * self.scales[0] + self.w.value
+
+
+def _callers(m):
+    from pytree_transforms import filter_jit
+
+    traced = pg.jit(lambda m, x: m(x))
+    return {
+        "filter_jit": lambda x, f=filter_jit(lambda m, x: m(x)): f(m, x),
+        "jit": lambda x: traced(m, x),
+        "jit_partial": pg.jit_partial(lambda m, x: m(x), m),
+        "cached_partial": pg.cached_partial(traced, m),
+        "merge(*split)": lambda x: pg.merge(*pg.split(m))(x),
+        "clone": lambda x: pg.clone(m)(x),
+    }
+
+
+@pytest.mark.parametrize(
+    "name", ["filter_jit", "jit", "jit_partial", "cached_partial", "merge(*split)", "clone"]
+)
+def test_a_static_list_cannot_change_behind_a_cache_and_reassigning_it_is_seen(name):
+    m = Scaled()
+    call = _callers(m)[name]
+    x = jnp.ones(2)
+    assert float(call(x)[0]) == 2.0
+    with pytest.raises(TypeError, match=r"Scaled\.scales is static .*`module\.scales = "):
+        m.scales[0] = 5.0
+    assert float(call(x)[0]) == 2.0
+    m.scales = [5.0, 2.0]
+    assert float(call(x)[0]) == 6.0
+    m.scales = [*m.scales[:1], 3.0]  # a new list, kept as frozen as the first
+    with pytest.raises(TypeError, match=r"Scaled\.scales is static"):
+        m.scales.append(1.0)
+    assert float(call(x)[0]) == 6.0
+
+
+@pytest.mark.parametrize("name", ["jit", "jit_partial", "cached_partial", "merge(*split)", "clone"])
+def test_a_list_of_a_graph_node_is_walked_so_an_in_place_change_is_seen(name):
+    # A `pytree=False` node's lists are part of the graph, compared on every call.
+    m = ScaledNode()
+    call = _callers(m)[name]
+    x = jnp.ones(2)
+    assert float(call(x)[0]) == 2.0
+    m.scales[0] = 5.0
+    assert float(call(x)[0]) == 6.0

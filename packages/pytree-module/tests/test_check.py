@@ -21,9 +21,11 @@ def test_clean_module_passes():
     check_module(Outer())
 
 
-def test_arrays_appended_to_a_static_list_are_found_with_their_path():
+def test_arrays_put_in_a_static_list_behind_the_modules_back_are_found_with_their_path():
     outer = Outer()
-    outer.blocks[1].shapes.append(jnp.ones(1))
+    with pytest.raises(TypeError, match=r"Inner.shapes is static"):
+        outer.blocks[1].shapes.append(jnp.ones(1))
+    outer.blocks[1].__dict__["shapes"] = [1, jnp.ones(1)]
     with pytest.raises(ValueError, match=r"at \.blocks\[1\]\.shapes\).*holds arrays"):
         check_module(outer)
 

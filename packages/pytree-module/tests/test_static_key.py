@@ -15,8 +15,11 @@ class Holder(Module):
 
 def identical(a, b):
     """Same type and same text: `repr` tells `0.0` from `-0.0` and `1` from `1.0` or `True`,
-    at any depth."""
-    return type(a) is type(b) and repr(a) == repr(b)
+    at any depth. `b` is compared as a Module stores it: static lists, dicts and sets are
+    frozen on assignment."""
+    frozen = {list: "StaticList", dict: "StaticDict", set: "frozenset"}.get(type(b))
+    same_type = type(a) is type(b) if frozen is None else type(a).__name__ == frozen
+    return same_type and repr(a) == repr(b if type(b) is not set else frozenset(b))
 
 
 # Pairs that `==` (and `hash`) call equal, so a cache keyed by `==` would mix them up.

@@ -9,8 +9,9 @@ from ._status import StatusWrapper, check_static_value, contains_wrapper
 def check_module(module: Module) -> None:
     """Check a Module and every Module inside it, raising `ValueError` on the first problem.
 
-    The same rules run when `__init__` returns and on assignment; this catches what
-    in-place mutation slipped past them, such as arrays appended to a static list.
+    The same rules run when `__init__` returns and on assignment (static lists and dicts
+    are frozen then, so they cannot change in place); this catches what slipped past
+    them, such as a value written straight into a Module's `__dict__`.
     Checked: static values hold no arrays and are hashable; no `data(...)`/`static(...)`
     wrapper sits inside a container; every attribute has a known status.
 
@@ -27,7 +28,7 @@ def check_module(module: Module) -> None:
         ...     def __init__(self):
         ...         self.shapes = static([1, 2])
         >>> foo = Foo()
-        >>> foo.shapes.append(jnp.ones(3))
+        >>> foo.__dict__["shapes"] = [jnp.ones(3)]  # behind the Module's back
         >>> check_module(foo)
         Traceback (most recent call last):
         ...

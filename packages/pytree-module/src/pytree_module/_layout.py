@@ -92,9 +92,10 @@ class Layout:
     def entry(self, values: dict[str, Any]) -> TreedefEntry:
         """The interned treedef entry for an instance whose `__dict__` is `values`.
 
-        Static lists, dicts and sets are copied into the entry (and copied again on each
-        rebuild), so rebuilt modules never alias them. Static values count as immutable:
-        reassign them to change them; an in-place change is not seen by JAX.
+        Static values are immutable: a Module freezes its static lists, dicts and sets
+        when they are assigned, so entries and rebuilt modules share them. An unhashable
+        static value that was not frozen (a subclass of list, dict or set) is copied into
+        the entry, and again on each rebuild, so rebuilt modules never alias it.
         """
         statics = tuple(
             copy.copy(values[k]) if unhashable else values[k]

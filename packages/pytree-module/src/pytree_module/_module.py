@@ -16,6 +16,7 @@ from ._abstract import (
     unprovided_class_vars_error,
 )
 from ._bound_method import BoundMethod, MethodDescriptor
+from ._frozen import freeze_static
 from ._errors import TraceContextError
 from ._generated_init import present_generated_init
 from ._layout import Layout, SlotSetters, TreedefEntry, get_layout
@@ -411,7 +412,12 @@ class Module(metaclass=_ModuleMeta):
         _set_trace(self, current_trace_token())
         if data_keys is not None and type(self).__module_info__.pytree:
             order = canonical_order(type(self), values)
-            _install_layout(self, order, [k in data_keys for k in order])
+            statuses = [k in data_keys for k in order]
+            # Static containers come back frozen; freezing again covers older pickles.
+            for name, status in zip(order, statuses, strict=True):
+                if not status:
+                    self.__dict__[name] = freeze_static(values[name], type(self).__name__, name)
+            _install_layout(self, order, statuses)
 
 
 register_data_type(Module)
@@ -638,6 +644,7 @@ def _set_after_init(module: Module, name: str, value: Any) -> None:
         if forced is None:
             _refuse_data_in_static(module, name, value)
         check_static_value(value, _describe(module, name))
+        value = freeze_static(value, cls.__name__, name)
     _check_assignable(module, name, value)
     was_data = name in layout.data_keys
     object.__setattr__(module, name, value)
@@ -707,6 +714,7 @@ def _finish_init(module: Module, forced: dict[str, bool]) -> None:
             _check_assignable(module, name, value)
         if not status:
             check_static_value(value, _describe(module, name))
+            values[name] = freeze_static(value, cls.__name__, name)
         statuses.append(status)
     _install_layout(module, order, statuses)
 
