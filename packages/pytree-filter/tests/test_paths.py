@@ -68,6 +68,8 @@ def test_array_types_are_what_is_array_accepts() -> None:
 
 @pytest.mark.parametrize("bad", [5, "layers", None, {"a": 1}])
 def test_path_text_refuses_what_is_not_a_path(bad):
-    with pytest.raises(TypeError, match=r"path_text expects a path.*got .*A single key is a path of one"):
+    with pytest.raises(
+        TypeError, match=r"path_text expects a path.*got .*A single key is a path of one"
+    ):
         path_text(bad)
     assert path_text(["layers", 0]) == ".layers[0]"

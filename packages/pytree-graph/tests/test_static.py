@@ -100,8 +100,9 @@ def _callers(m):
     from pytree_transforms import filter_jit
 
     traced = pg.jit(lambda m, x: m(x))
+    filtered = filter_jit(lambda m, x: m(x))
     return {
-        "filter_jit": lambda x, f=filter_jit(lambda m, x: m(x)): f(m, x),
+        "filter_jit": lambda x: filtered(m, x),
         "jit": lambda x: traced(m, x),
         "jit_partial": pg.jit_partial(lambda m, x: m(x), m),
         "cached_partial": pg.cached_partial(traced, m),

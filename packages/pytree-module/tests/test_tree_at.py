@@ -61,6 +61,10 @@ def test_argument_errors():
         tree_at(lambda t: t[0], [1], 2, replace_fn=lambda x: x)
     with pytest.raises(ValueError, match="tuple or list of 2"):
         tree_at(lambda t: (t[0], t[1]), [1, 2], 3)
+    with pytest.raises(TypeError, match="`where` must be a function, got 0"):
+        tree_at(0, [1], 2)
+    with pytest.raises(TypeError, match="`replace_fn` must be a function, got 2"):
+        tree_at(lambda t: t[0], [1], replace_fn=2)
     with pytest.raises(ValueError, match="more than once"):
         tree_at(lambda t: (t[0], t[0]), [1, 2], (3, 4))
 
@@ -158,7 +162,10 @@ def test_empty_tuples_are_told_apart_by_position():
 
 
 def test_where_that_looks_into_a_leaf_says_what_to_do():
-    with pytest.raises(TypeError, match=r"indexes `\[0\]` into the leaf f32\[3\].*pytree itself is a single leaf.*lambda x: x"):
+    with pytest.raises(
+        TypeError,
+        match=r"indexes `\[0\]` into the leaf f32\[3\].*pytree itself is a single leaf.*x: x",
+    ):
         tree_at(lambda x: x[0], jnp.ones(3), 5.0)
     with pytest.raises(AttributeError, match=r"reads `.weight` of the leaf.*replace_fn="):
         tree_at(lambda x: x.weight, jnp.ones(3), 5.0)
@@ -170,4 +177,7 @@ def test_where_that_looks_into_a_leaf_says_what_to_do():
         tree_at(lambda t: 3, {"a": 1}, 5)
     # The whole leaf is a node: it can be replaced.
     assert tree_at(lambda x: x, jnp.ones(3), 5.0) == 5.0
-    assert tree_at(lambda x: x, jnp.ones(2), replace_fn=lambda x: x.at[0].set(0.0)).tolist() == [0.0, 1.0]
+    assert tree_at(lambda x: x, jnp.ones(2), replace_fn=lambda x: x.at[0].set(0.0)).tolist() == [
+        0.0,
+        1.0,
+    ]

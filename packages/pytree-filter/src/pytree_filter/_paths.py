@@ -62,7 +62,9 @@ def path_text(path: Sequence[Any], *, root: str = "the top level") -> str:
         >>> path_text(())
         'the top level'
     """
-    if type(path) is not tuple and (isinstance(path, str | bytes) or not isinstance(path, Sequence)):
+    if type(path) is not tuple and (
+        isinstance(path, str | bytes) or not isinstance(path, Sequence)
+    ):
         raise TypeError(
             f"path_text expects a path, a sequence of keys such as ('layers', 0, 'w') or a "
             f"JAX key path; got {path!r}, a {type(path).__name__}. A single key is a path "

@@ -68,10 +68,20 @@ class StaticList(list):
         return self
 
 
-for _name in (
-    "__setitem__ __delitem__ __iadd__ __imul__ append extend insert pop remove clear sort "
-    "reverse"
-).split():
+for _name in [
+    "__setitem__",
+    "__delitem__",
+    "__iadd__",
+    "__imul__",
+    "append",
+    "extend",
+    "insert",
+    "pop",
+    "remove",
+    "clear",
+    "sort",
+    "reverse",
+]:
     setattr(StaticList, _name, _refusing("list", _name))
 
 
@@ -94,7 +104,16 @@ class StaticDict(dict):
         return self
 
 
-for _name in "__setitem__ __delitem__ __ior__ pop popitem clear update setdefault".split():
+for _name in [
+    "__setitem__",
+    "__delitem__",
+    "__ior__",
+    "pop",
+    "popitem",
+    "clear",
+    "update",
+    "setdefault",
+]:
     setattr(StaticDict, _name, _refusing("dict", _name))
 del _name
 

@@ -16,8 +16,8 @@ from ._abstract import (
     unprovided_class_vars_error,
 )
 from ._bound_method import BoundMethod, MethodDescriptor
-from ._frozen import freeze_static
 from ._errors import TraceContextError
+from ._frozen import freeze_static
 from ._generated_init import present_generated_init
 from ._layout import Layout, SlotSetters, TreedefEntry, get_layout
 from ._module_info import ModuleInfo

@@ -121,11 +121,42 @@ def _refuse_operator(name: str) -> Callable[..., Any]:
     return refuse
 
 
-for _name in (
-    "add sub mul matmul truediv floordiv mod pow lshift rshift and or xor "
-    "radd rsub rmul rmatmul rtruediv rfloordiv rmod rpow rlshift rrshift rand ror rxor "
-    "lt le gt ge neg pos abs invert"
-).split():
+for _name in [
+    "add",
+    "sub",
+    "mul",
+    "matmul",
+    "truediv",
+    "floordiv",
+    "mod",
+    "pow",
+    "lshift",
+    "rshift",
+    "and",
+    "or",
+    "xor",
+    "radd",
+    "rsub",
+    "rmul",
+    "rmatmul",
+    "rtruediv",
+    "rfloordiv",
+    "rmod",
+    "rpow",
+    "rlshift",
+    "rrshift",
+    "rand",
+    "ror",
+    "rxor",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "neg",
+    "pos",
+    "abs",
+    "invert",
+]:
     setattr(_Leaf, f"__{_name}__", _refuse_operator(f"__{_name}__"))
 del _name
 
@@ -206,6 +237,13 @@ def tree_at(
     """
     if (replace is _NOT_GIVEN) == (replace_fn is _NOT_GIVEN):
         raise ValueError("tree_at needs exactly one of `replace=` or `replace_fn=`.")
+    for name, function in (("where", where), ("replace_fn", replace_fn)):
+        if function is not _NOT_GIVEN and not callable(function):
+            raise TypeError(
+                f"tree_at: `{name}` must be a function, got {function!r}. `where` takes the "
+                "pytree and returns the node(s) to replace (`where=lambda m: m.layers[0]`); "
+                "`replace_fn` takes an old node and returns its new value."
+            )
     copier = _StandIns(is_leaf)
     stand_ins = copier.copy(pytree, _ROOT, None)
     picked = where(stand_ins)
@@ -356,13 +394,13 @@ class _Builder:
         return new
 
     def _node(self, node: Any, anchor: Any, place: Any = None) -> Any:
-        if self.is_leaf is not None and self.is_leaf(node):
-            return node
         changed = self.changed.get(id(node))
         if changed is not None:
             index, made, _ = changed
             self.done.add(index)
             return made
+        if self.is_leaf is not None and self.is_leaf(node):
+            return node
         if _one_level(node) is None or _is_empty_tuple(node):
             return node
         identity = _has_identity(node)
@@ -417,4 +455,3 @@ def _show(value: Any) -> str:
 
     text = tree_pformat(value)
     return text if len(text) <= 60 else f"a {type(value).__name__}"
-

@@ -155,9 +155,10 @@ def rebuild_into(module: Module, entry: TreedefEntry, children: Sequence[Any]) -
     """Give an existing pytree Module the structure `entry` describes and the data `children`.
 
     Does what `entry(children)` does, but to an object that already exists: its attributes
-    are replaced (unhashable static values are copied, as on every rebuild), its flattened form becomes `(children, entry)`, and the write is recorded with
-    `touch()`. Merging an object graph with cycles needs this: an object must exist before
-    the children that refer back to it are built.
+    are replaced (unhashable static values are copied, as on every rebuild), its flattened
+    form becomes `(children, entry)`, and the write is recorded with `touch()`. Merging an
+    object graph with cycles needs this: an object must exist before the children that
+    refer back to it are built.
 
     The caller checks that writing is allowed (the object's trace: see `trace_of`).
 
