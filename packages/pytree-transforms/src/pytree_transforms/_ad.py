@@ -20,7 +20,7 @@ from pytree_filter import (
 from ._errors import check_callable
 from ._method import BindsAsMethod
 from ._outputs import StaticOutput, split_output
-from ._sharing import find_sharing, has_repeats, selected_once
+from ._sharing import Sharing, SplitTree, find_sharing, has_repeats, selected_once
 from ._static_key import static_key
 
 
@@ -122,6 +122,7 @@ def filter_value_and_grad(
         return lambda f: filter_value_and_grad(f, arg=arg, has_aux=has_aux, **gradkwargs)
     check_callable(fun, "filter_value_and_grad")
     _refuse_argnums(gradkwargs, "filter_value_and_grad")
+    _check_has_aux(has_aux, "filter_value_and_grad")
     return _Differentiated("filter_value_and_grad", fun, arg, has_aux, gradkwargs)
 
 
@@ -158,6 +159,7 @@ def filter_grad(
         return lambda f: filter_grad(f, arg=arg, has_aux=has_aux, **gradkwargs)
     check_callable(fun, "filter_grad")
     _refuse_argnums(gradkwargs, "filter_grad")
+    _check_has_aux(has_aux, "filter_grad")
     return _Differentiated("filter_grad", fun, arg, has_aux, gradkwargs)
 
 
@@ -216,6 +218,15 @@ def _refuse_argnums(kwargs: dict[str, Any], transform: str) -> None:
             f"{transform} differentiates its first argument only, so it takes no `argnums`. "
             "To differentiate several objects, pass them together as a tuple in the first "
             "argument."
+        )
+
+
+def _check_has_aux(has_aux: Any, transform: str) -> None:
+    if not isinstance(has_aux, bool):
+        raise TypeError(
+            f"{transform}(has_aux=...) takes True or False, got {has_aux!r}. Pass "
+            "`has_aux=True` when the function returns `(value, aux)`, and leave it out when "
+            "it returns the value alone."
         )
 
 
@@ -351,16 +362,20 @@ def filter_vjp(fun: Callable[..., Any], *primals: Any, has_aux: bool = False) ->
         (Array([2., 2.], dtype=float32), None)
     """
     check_callable(fun, "filter_vjp", spelling="filter_vjp({}, x)")
-    diff, nondiff = partition(primals, is_inexact_array)
+    _check_has_aux(has_aux, "filter_vjp")
+    inputs = SplitTree(primals, is_inexact_array, "differentiated")
+    diff = inputs.selected()
 
     def of_diff(diff: Any) -> Any:
-        result = fun(*combine(diff, nondiff))
+        result = fun(*inputs.rebuild(diff))
         out, aux = result if has_aux else (result, None)
         split_out = split_output(out, is_inexact_array, "filter_vjp")
-        return (split_out, aux) if has_aux else split_out
+        if has_aux:
+            return split_out, split_output(aux, is_array, "filter_vjp(has_aux=True)")
+        return split_out
 
     if has_aux:
-        (out, static), vjp, aux = jax.vjp(of_diff, diff, has_aux=True)
+        (out, static), vjp, (aux, aux_static) = jax.vjp(of_diff, diff, has_aux=True)
     else:
         (out, static), vjp = jax.vjp(of_diff, diff)
 
@@ -372,14 +387,35 @@ def filter_vjp(fun: Callable[..., Any], *primals: Any, has_aux: bool = False) ->
                 "filter_vjp: the cotangent must have the structure of the output, with an "
                 "array for each floating-point array leaf and None elsewhere."
             ) from None
+        if static.sharing is not None:
+            leaves = _shared_cotangents(static.sharing, leaves)
         dynamic = [c for c, m in zip(leaves, static.mask, strict=True) if m]
         # The cotangent's treedef must be the output's, `StaticOutput` included.
         (grads,) = vjp((dynamic, static))
-        return grads
+        return inputs.selected_tree(grads)
 
     if has_aux:
-        return static.rebuild(out), vjp_fn, aux
+        return static.rebuild(out), vjp_fn, aux_static.rebuild(aux)
     return static.rebuild(out), vjp_fn
+
+
+def _shared_cotangents(sharing: Sharing, leaves: list[Any]) -> list[Any]:
+    """The cotangents of an output's unique leaves, from one per place of the output.
+
+    A shared object of the output is one object: a cotangent that keeps it one object (the
+    same cotangent at each of its places, as a gradient of the output gives) is its
+    cotangent; separate cotangents at its places are each place's part, and add up.
+    """
+    unique = list(leaves)
+    for position, source in enumerate(sharing.repeats):
+        if position == source or leaves[position] is leaves[source]:
+            continue
+        if leaves[position] is not None:
+            if unique[source] is None:
+                unique[source] = leaves[position]
+            else:
+                unique[source] = unique[source] + leaves[position]
+    return sharing.dedupe(unique)
 
 
 def _jacobian(
@@ -393,6 +429,7 @@ def _jacobian(
         return lambda f: _jacobian(jax_transform, name, f, has_aux, kwargs)
     check_callable(fun, name)
     _refuse_argnums(kwargs, name)
+    _check_has_aux(has_aux, name)
 
     @functools.wraps(fun)
     def jacobian(x: Any, /, *args: Any, **kw: Any) -> Any:

@@ -13,6 +13,7 @@ from jax.tree_util import PyTreeDef
 from pytree_filter import is_array, is_array_like, path_text
 
 from ._errors import describe_leaf
+from ._sharing import Sharing, find_sharing, has_repeats, same_axes_once
 
 
 # One function per axis, so that equal specs are equal options for the compilation caches.
@@ -102,18 +103,29 @@ class MappedOutput:
     carry. A pytree node with no children, so it can leave a transform in the output
     treedef, like `StaticOutput`; compared by identity, as it stands for one trace's output."""
 
-    __slots__ = ("arrays", "axes", "static", "treedef")
+    __slots__ = ("arrays", "axes", "sharing", "static", "treedef")
 
-    def __init__(self, treedef: PyTreeDef, axes: list[Any], arrays: list[bool], static: list[Any]):
+    def __init__(
+        self,
+        treedef: PyTreeDef,
+        axes: list[Any],
+        arrays: list[bool],
+        static: list[Any],
+        sharing: Sharing | None = None,
+    ):
         self.treedef = treedef
         self.axes = axes
         self.arrays = arrays
         self.static = static
+        # Where the output holds a shared object, `axes` and `arrays` cover its unique
+        # leaves, and rebuilding makes one object for every place it stood.
+        self.sharing = sharing
 
     def rebuild(self, with_axis: list[Any], unmapped: list[Any]) -> Any:
         """The output, from the leaves mapped down axis 0 and the unmapped arrays."""
         with_axis_it, unmapped_it, static_it = iter(with_axis), iter(unmapped), iter(self.static)
-        return self.treedef.unflatten(
+        unflatten = self.treedef.unflatten if self.sharing is None else self.sharing.unflatten
+        return unflatten(
             [
                 _move_mapped_axis(next(with_axis_it), axis)
                 if axis is not None
@@ -138,6 +150,11 @@ def split_mapped_output(
     numbers included); the arrays without one, which leave unmapped (so JAX refuses them
     if they do depend on the mapped inputs); and a `MappedOutput` with the rest."""
     leaves, axes, treedef = axes_of(out_spec, out, "the output", transform, output=True)
+    # An object reached by several paths leaves once, and comes back one object.
+    sharing = find_sharing(out, treedef) if has_repeats(leaves) else None
+    if sharing is not None:
+        axes = same_axes_once(sharing, out, axes, transform)
+        leaves = sharing.dedupe(leaves)
     with_axis, unmapped, static = [], [], []
     for leaf, axis in zip(leaves, axes, strict=True):
         if axis is not None:
@@ -146,7 +163,8 @@ def split_mapped_output(
             unmapped.append(leaf)
         else:
             static.append(leaf)
-    return with_axis, unmapped, MappedOutput(treedef, axes, [is_array(x) for x in leaves], static)
+    arrays = [is_array(x) for x in leaves]
+    return with_axis, unmapped, MappedOutput(treedef, axes, arrays, static, sharing)
 
 
 def _where(tree: Any, index: int, output: bool) -> str:

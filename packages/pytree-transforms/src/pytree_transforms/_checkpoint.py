@@ -6,10 +6,11 @@ from typing import Any
 
 import jax
 
-from pytree_filter import combine, is_array, partition
+from pytree_filter import is_array
 
 from ._errors import check_callable
 from ._outputs import split_output
+from ._sharing import SplitTree
 
 
 def filter_checkpoint(
@@ -46,13 +47,15 @@ def filter_checkpoint(
 
     @functools.wraps(fun)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        dynamic, static = partition((args, kwargs), is_array)
+        inputs = SplitTree((args, kwargs), is_array, "traced")
 
         def inner(dynamic: Any) -> Any:
-            call_args, call_kwargs = combine(dynamic, static)
+            call_args, call_kwargs = inputs.rebuild(dynamic)
             return split_output(fun(*call_args, **call_kwargs), is_array, "filter_checkpoint")
 
-        out, static_out = jax.checkpoint(inner, prevent_cse=prevent_cse, policy=policy)(dynamic)
+        out, static_out = jax.checkpoint(inner, prevent_cse=prevent_cse, policy=policy)(
+            inputs.selected()
+        )
         return static_out.rebuild(out)
 
     return checkpointed

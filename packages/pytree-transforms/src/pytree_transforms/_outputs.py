@@ -65,8 +65,19 @@ jax.tree_util.register_static(StaticOutput)
 
 
 def split_output(out: Any, out_spec: Any, transform: str) -> tuple[list[Any], StaticOutput]:
-    """Split a traced function's output into traced leaves and a `StaticOutput`."""
+    """Split a traced function's output into traced leaves and a `StaticOutput`.
+
+    An object reached by several paths of the output (a tied weight, the model returned as
+    aux) leaves once: the traced leaves are the unique ones, and `rebuild` makes one object
+    for every place it stands, as the function returned it. (This runs while tracing only.)
+    """
     leaves, mask, treedef = flatten_with_mask(out, out_spec)
+    # One leaf at two places is the cheap sign that an object may be reached twice.
+    sharing = find_sharing(out, treedef) if has_repeats(leaves) else None
+    if sharing is not None:
+        what = f"returned by {transform} as an array"
+        mask = selected_once(sharing, out, mask, what)
+        leaves = sharing.dedupe(leaves)
     dynamic = [x for x, m in zip(leaves, mask, strict=True) if m]
     static = tuple(x for x, m in zip(leaves, mask, strict=True) if not m)
     for value in static:
@@ -76,7 +87,7 @@ def split_output(out: Any, out_spec: Any, transform: str) -> tuple[list[Any], St
                 "(not traced). Mark that part of the output traced in `out=`, or return a "
                 "concrete value there."
             )
-    return dynamic, StaticOutput(treedef, [bool(m) for m in mask], static)
+    return dynamic, StaticOutput(treedef, [bool(m) for m in mask], static, sharing)
 
 
 class PackedOutput:
@@ -103,23 +114,9 @@ def pack_output(out: Any, out_spec: Any, transform: str) -> Any:
     """`out` itself where the `out=` spec traces all its leaves and no object in it is
     shared, else a `PackedOutput`."""
     dynamic, static = split_output(out, out_spec, transform)
-    # The same tracer at two places may be a shared object: pass its leaves once and
-    # rebuild one object outside. (This runs while tracing only.)
-    if has_repeats(dynamic):
-        sharing = find_sharing(out, static.treedef)
-        if sharing is not None:
-            return _pack_shared(out, sharing, static, transform)
-    if not static.static:
+    if not static.static and static.sharing is None:
         return out
     return PackedOutput(dynamic, static)
-
-
-def _pack_shared(out: Any, sharing: Sharing, static: StaticOutput, transform: str) -> Any:
-    mask = selected_once(sharing, out, static.mask, f"returned by {transform} as an array")
-    leaves = sharing.dedupe(static.treedef.flatten_up_to(out))
-    dynamic = [leaf for leaf, m in zip(leaves, mask, strict=True) if m]
-    statics = tuple(leaf for leaf, m in zip(leaves, mask, strict=True) if not m)
-    return PackedOutput(dynamic, StaticOutput(static.treedef, mask, statics, sharing))
 
 
 def unpack_output(result: Any) -> Any:

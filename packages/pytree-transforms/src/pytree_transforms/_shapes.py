@@ -10,10 +10,11 @@ from typing import Any
 
 import jax
 
-from pytree_filter import combine, is_array, partition
+from pytree_filter import is_array
 
 from ._errors import check_callable
 from ._outputs import StaticOutput, split_output
+from ._sharing import SplitTree
 
 
 def is_shaped(x: Any) -> bool:
@@ -50,10 +51,11 @@ def filter_make_jaxpr(fun: Callable[..., Any]) -> Callable[..., tuple[Any, Any, 
 
     @functools.wraps(fun)
     def make_jaxpr(*args: Any, **kwargs: Any) -> tuple[Any, Any, Any]:
-        dynamic, static = partition((args, kwargs), is_shaped)
+        inputs = SplitTree((args, kwargs), is_shaped, "traced")
+        dynamic = inputs.selected()
 
         def traced(dynamic: Any) -> tuple[list[Any], StaticOutput]:
-            call_args, call_kwargs = combine(dynamic, static)
+            call_args, call_kwargs = inputs.rebuild(dynamic)
             return split_output(fun(*call_args, **call_kwargs), is_array, "filter_make_jaxpr")
 
         shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), dynamic)
@@ -88,10 +90,11 @@ def filter_eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
         {'name': 'out', 'y': ShapeDtypeStruct(shape=(4, 4), dtype=float32)}
     """
     check_callable(fun, "filter_eval_shape", spelling="filter_eval_shape({}, x)")
-    dynamic, static = partition((args, kwargs), is_shaped)
+    inputs = SplitTree((args, kwargs), is_shaped, "traced")
+    dynamic = inputs.selected()
 
     def traced(dynamic: Any) -> tuple[list[Any], StaticOutput]:
-        call_args, call_kwargs = combine(dynamic, static)
+        call_args, call_kwargs = inputs.rebuild(dynamic)
         return split_output(fun(*call_args, **call_kwargs), is_array, "filter_eval_shape")
 
     shapes, out_static = jax.eval_shape(traced, dynamic)

@@ -9,7 +9,9 @@ each one's leaves once, and rebuild one object for every place it appeared.
 What counts as shared: a pytree node that is an object with an identity (a Module, a
 Variable, any registered class) reached more than once. Builtin containers (tuples, lists,
 dicts, namedtuples) and `None` are values, never shared; so are leaves: the same array at
-two places stays two leaves, as in JAX.
+two places stays two leaves, as in JAX. Where a filter stops flattening at a pytree node (an
+`OfType(Param)` filter makes each Param a leaf), that node is still the object it is: one
+Param reached twice is shared, whatever the filter.
 
 Finding shared objects takes a walk over the nodes in Python, so callers run it only when a
 cheap test says it may find something: an object with array leaves that is reached twice
@@ -23,7 +25,7 @@ from typing import Any
 import jax
 from jax.tree_util import PyTreeDef
 
-from pytree_filter import path_text
+from pytree_filter import flatten_with_mask, path_text
 
 _flatten_one_level = jax.tree_util.default_registry.flatten_one_level
 
@@ -78,7 +80,7 @@ class Sharing:
 
 
 # The rebuild program is a tree of tuples, one per node of the structure:
-#   ("leaf",)                          take the next unique leaf
+#   ("leaf", memo)                     take the next unique leaf
 #   ("whole", treedef, memo)           a subtree with nothing shared inside: one unflatten
 #   ("node", one_level, children, memo) rebuild the children, then this node from them
 #   ("again", memo)                    the object already built for an earlier occurrence
@@ -87,11 +89,12 @@ class Sharing:
 
 def _build(program: tuple, leaves: Any, built: dict[int, Any]) -> Any:
     kind = program[0]
-    if kind == "leaf":
-        return next(leaves)
     if kind == "again":
         return built[program[1]]
-    if kind == "whole":
+    if kind == "leaf":
+        obj = next(leaves)
+        memo = program[1]
+    elif kind == "whole":
         _, treedef, memo = program
         obj = treedef.unflatten([next(leaves) for _ in range(treedef.num_leaves)])
     else:
@@ -144,6 +147,12 @@ def _is_leaf(treedef: PyTreeDef) -> bool:
     return treedef.num_nodes == 1 and treedef.num_leaves == 1
 
 
+def _is_node_leaf(node: Any) -> bool:
+    """Whether a leaf of the treedef is a pytree node that flattening stopped at (`is_leaf`):
+    an object that can be shared, unlike an array or a number."""
+    return _has_identity(node) and _flatten_one_level(node) is not None
+
+
 def _children(node: Any, treedef: PyTreeDef) -> tuple[list[Any], list[PyTreeDef]]:
     flat = _flatten_one_level(node)
     children = [] if flat is None else list(flat[0])
@@ -156,7 +165,8 @@ def _count(node: Any, treedef: PyTreeDef, counts: dict[int, list[Any]]) -> None:
     Each counted object is kept alive in `counts` until the walk ends: a node's flatten may
     make its children afresh, and a freed temporary's id could be taken by the next one.
     """
-    if _is_leaf(treedef):
+    leaf = _is_leaf(treedef)
+    if leaf and not _is_node_leaf(node):
         return
     if _has_identity(node):
         key = id(node)
@@ -164,6 +174,8 @@ def _count(node: Any, treedef: PyTreeDef, counts: dict[int, list[Any]]) -> None:
             counts[key][0] += 1
             return
         counts[key] = [1, node]
+    if leaf:
+        return
     for child, child_def in zip(*_children(node, treedef), strict=True):
         _count(child, child_def, counts)
 
@@ -176,10 +188,11 @@ def _program(
     repeats: list[int],
 ) -> tuple[tuple, bool]:
     """The rebuild program of `node`, and whether it holds a shared object."""
-    if _is_leaf(treedef):
-        repeats.append(len(repeats))
-        return ("leaf",), False
+    leaf = _is_leaf(treedef)
     key = id(node)
+    if leaf and key not in shared:
+        repeats.append(len(repeats))
+        return _LEAF, False
     memo = None
     if key in shared:
         if key in first:
@@ -190,6 +203,9 @@ def _program(
     start = len(repeats)
     if memo is not None:
         first[key] = (memo, start, treedef.num_leaves)
+    if leaf:
+        repeats.append(start)
+        return ("leaf", memo), True
     children, child_defs = _children(node, treedef)
     programs = []
     inner = False
@@ -201,6 +217,56 @@ def _program(
         return ("whole", treedef, memo), memo is not None
     one_level = jax.tree.structure(node, is_leaf=lambda x: x is not node)
     return ("node", one_level, tuple(programs), memo), True
+
+
+_LEAF = ("leaf", None)
+
+
+class SplitTree:
+    """A tree split by a filter into its selected leaves and the rest, each shared object's
+    leaves once: what the filtered transforms hand to JAX, and rebuild from what JAX gives.
+
+    Arguments:
+        tree: any pytree (the arguments of a call, say).
+        spec: a filter spec of `tree` (as for `pytree_filter.filter`).
+        what: what the spec selects, for the error of a shared leaf selected at one of its
+            places only ("differentiated", "traced").
+    """
+
+    __slots__ = ("leaves", "mask", "sharing", "treedef")
+
+    def __init__(self, tree: Any, spec: Any, what: str):
+        leaves, mask, treedef = flatten_with_mask(tree, spec)
+        # The walk runs only where the cheap test says an object may be reached twice.
+        self.sharing = find_sharing(tree, treedef) if has_repeats(leaves) else None
+        if self.sharing is not None:
+            mask = selected_once(self.sharing, tree, mask, what)
+            leaves = self.sharing.dedupe(leaves)
+        self.leaves = leaves
+        self.mask = [bool(m) for m in mask]
+        self.treedef = treedef
+
+    def selected(self) -> list[Any]:
+        """The selected leaves (each shared object's once)."""
+        return [x for x, m in zip(self.leaves, self.mask, strict=True) if m]
+
+    def rebuild(self, selected: Sequence[Any]) -> Any:
+        """The tree with `selected` in place of the selected leaves, one object for each
+        shared object."""
+        it = iter(selected)
+        leaves = [next(it) if m else x for x, m in zip(self.leaves, self.mask, strict=True)]
+        return self._unflatten(leaves)
+
+    def selected_tree(self, selected: Sequence[Any]) -> Any:
+        """A tree shaped like this one with `selected` at the selected leaves and None at the
+        others (a gradient, say), one object for each shared object."""
+        it = iter(selected)
+        return self._unflatten([next(it) if m else None for m in self.mask])
+
+    def _unflatten(self, leaves: list[Any]) -> Any:
+        if self.sharing is not None:
+            return self.sharing.unflatten(leaves)
+        return self.treedef.unflatten(leaves)
 
 
 def selected_once(sharing: Sharing, tree: Any, mask: Sequence[Any], what: str) -> list[bool]:
@@ -225,6 +291,31 @@ def selected_once(sharing: Sharing, tree: Any, mask: Sequence[Any], what: str) -
                 "select it at every place it appears, or none."
             )
     return [bool(mask[i]) for i in sharing.unique]
+
+
+def same_axes_once(sharing: Sharing, tree: Any, axes: Sequence[Any], transform: str) -> list[Any]:
+    """The axes of the unique leaves, refusing a shared leaf given different axes at its
+    places (the `selected_once` of axis specs).
+
+    Arguments:
+        sharing: the sharing of `tree`.
+        tree: the tree (to name paths in the error).
+        axes: one axis (an int or None) per leaf of `tree`.
+        transform: the transform's name, for the error.
+
+    Returns:
+        One axis per unique leaf.
+    """
+    for position, source in enumerate(sharing.repeats):
+        if axes[position] != axes[source]:
+            first, again = describe_positions(tree, sharing.treedef, (source, position))
+            raise ValueError(
+                f"{transform}: one object is reached by two paths, {first} and {again}, and "
+                f"the axis spec maps its leaf over axis {axes[source]} at the first and "
+                f"{axes[position]} at the second. A shared object (a tied weight, a Module "
+                "used twice) is one object: give it the same axis at every place."
+            )
+    return [axes[i] for i in sharing.unique]
 
 
 def describe_positions(tree: Any, treedef: PyTreeDef, positions: Sequence[int]) -> list[str]:

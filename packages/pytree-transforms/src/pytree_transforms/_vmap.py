@@ -5,8 +5,9 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 
-from ._arguments import ArgumentSpecs
+from ._arguments import ArgumentSpecs, leaf_names
 from ._axes import (
     DEFAULT_AXES,
     UNSET,
@@ -17,6 +18,7 @@ from ._axes import (
 )
 from ._errors import check_callable
 from ._method import BindsAsMethod
+from ._sharing import find_sharing, has_repeats, same_axes_once
 
 
 class _VmapWrapper(BindsAsMethod):
@@ -38,6 +40,13 @@ class _VmapWrapper(BindsAsMethod):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         tree = (self._fun, args, kwargs)
         leaves, axes, treedef = axes_of(self._specs.tree(args, kwargs), tree, "the inputs")
+        # An object reached by several paths (a tied weight) is mapped once, and the
+        # function sees one object at all its places.
+        unflatten, named = treedef.unflatten, (leaves, axes)
+        sharing = find_sharing(tree, treedef) if has_repeats(leaves) else None
+        if sharing is not None:
+            axes = same_axes_once(sharing, tree, axes, "filter_vmap")
+            leaves, unflatten = sharing.dedupe(leaves), sharing.unflatten
         mapped = [i for i, a in enumerate(axes) if a is not None]
         if not mapped and "axis_size" not in self._vmapkwargs:
             raise ValueError(
@@ -49,17 +58,45 @@ class _VmapWrapper(BindsAsMethod):
             full = list(leaves)
             for i, leaf in zip(mapped, mapped_leaves, strict=True):
                 full[i] = leaf
-            fun, call_args, call_kwargs = treedef.unflatten(full)
+            fun, call_args, call_kwargs = unflatten(full)
             # The `MappedOutput` has no leaves: it leaves `jax.vmap` in the output treedef.
             return split_mapped_output(self._out, fun(*call_args, **call_kwargs), "filter_vmap")
 
-        with_axis, unmapped, layout = jax.vmap(
-            batched,
-            in_axes=([axes[i] for i in mapped],),
-            out_axes=(0, None, None),
-            **self._vmapkwargs,
-        )([leaves[i] for i in mapped])
+        try:
+            with_axis, unmapped, layout = jax.vmap(
+                batched,
+                in_axes=([axes[i] for i in mapped],),
+                out_axes=(0, None, None),
+                **self._vmapkwargs,
+            )([leaves[i] for i in mapped])
+        except ValueError:
+            _check_sizes(self._fun, tree, *named, self._vmapkwargs.get("axis_size"))
+            raise
         return layout.rebuild(with_axis, unmapped)
+
+
+def _check_sizes(
+    fun: Callable[..., Any], tree: Any, leaves: list[Any], axes: list[Any], axis_size: Any
+) -> None:
+    """Refuse mapped inputs of different sizes along their mapped axes, naming each as the
+    caller wrote it (`x`, `params['w']`), not as `jax.vmap` saw it (a flat list of leaves).
+    Returns where the sizes agree: the error came from elsewhere."""
+    sizes: dict[int, list[str]] = {}
+    names = leaf_names(fun, tree)
+    for (name, _), leaf, axis in zip(names, leaves, axes, strict=True):
+        if axis is not None:
+            size = np.shape(leaf)[axis]
+            sizes.setdefault(size, []).append(f"`{name}` (axis {axis} of shape {np.shape(leaf)})")
+    if axis_size is not None and set(sizes) - {axis_size}:
+        sizes.setdefault(axis_size, []).insert(0, f"`axis_size={axis_size}`")
+    if len(sizes) < 2:
+        return
+    found = "; ".join(f"size {size}: {', '.join(where)}" for size, where in sizes.items())
+    raise ValueError(
+        f"filter_vmap: the mapped inputs must all have one size along their mapped axes, but "
+        f"they have different sizes: {found}. Give every mapped input the same size there, "
+        "or give an input that is the same for every element the axis None (in `in_axes`)."
+    ) from None
 
 
 def filter_vmap(
