@@ -109,9 +109,11 @@ def test_scaled_identity_with_array_arguments():
         y = scale_gradient({"a": a, "n": 3, "k": jnp.array(1)}, scale)
         return y["a"] ** 2 * y["n"]
 
-    da, dscale = jax.grad(f, argnums=(0, 1))(jnp.array(2.0), jnp.array(-0.5))
-    assert da == pytest.approx(-6.0)
-    assert dscale == 0.0  # arguments other than vjp_arg get no gradient
+    assert jax.grad(f)(jnp.array(2.0), jnp.array(-0.5)) == pytest.approx(-6.0)
+    # Arguments other than vjp_arg get no gradient: differentiating through one is refused
+    # (its part of the derivative would be silently zero), naming it.
+    with pytest.raises(ValueError, match=r"with respect to `scale`, which is not in its first"):
+        jax.grad(f, argnums=(0, 1))(jnp.array(2.0), jnp.array(-0.5))
     per_scale = jax.vmap(jax.grad(f), in_axes=(None, 0))(jnp.array(2.0), jnp.array([1.0, -1.0]))
     assert per_scale.tolist() == [12.0, -12.0]
     assert jax.jit(jax.grad(f))(jnp.array(2.0), jnp.array(2.0)) == pytest.approx(24.0)
@@ -299,3 +301,34 @@ def test_mixing_the_two_forms_and_missing_halves_are_refused():
     with pytest.raises(TypeError, match=r"other\.def_bwd: .* `defvjp`"):
         other.def_bwd(lambda r, g, perturbed, x: g)
     assert jax.grad(other)(2.0) == 1.0
+
+
+def test_differentiating_through_another_argument_is_refused_not_dropped():
+    @filter_custom_vjp
+    def product(x, y, *, scale=1.0):
+        return x * y * scale
+
+    @product.def_fwd
+    def product_fwd(perturbed, x, y, *, scale=1.0):
+        return x * y * scale, None
+
+    @product.def_bwd
+    def product_bwd(residuals, grad_obj, perturbed, x, y, *, scale=1.0):
+        return grad_obj * y * scale
+
+    # The second argument is the same value as the first: its part would be lost (1.0
+    # instead of 2.0), so the call is refused, naming the argument and the fix.
+    with pytest.raises(ValueError, match=r"`y`.*Move `y` into the first argument") as info:
+        jax.grad(lambda x: product(x, x))(1.0)
+    assert "stop_gradient" in str(info.value)
+    with pytest.raises(ValueError, match=r"`y\['w'\]`"):
+        jax.grad(lambda x: product(2.0, {"w": x})["w"])(1.0)
+    with pytest.raises(ValueError, match=r"`scale`"):
+        jax.grad(lambda s: product(2.0, 3.0, scale=s))(1.0)
+    # Constants and stopped gradients in the other arguments are fine.
+    assert jax.grad(lambda x: product(x, 3.0))(1.0) == 3.0
+    assert jax.grad(lambda x: product(x, jax.lax.stop_gradient(x)))(2.0) == 2.0
+    # Packed into the first argument, both parts count.
+    pair = filter_custom_vjp(lambda xy: xy[0] * xy[1])
+    pair.defvjp(lambda xy: (xy[0] * xy[1], None), lambda r, g, xy: (g * xy[1], g * xy[0]))
+    assert jax.grad(lambda x: pair((x, x)))(1.0) == 2.0

@@ -58,6 +58,31 @@ def test_custom_vjp_perturbed_and_symbolic_zeros(lib):
     assert grads[1].tolist() == [0.0, 0.0]
 
 
+# Equinox raises a RuntimeError when the tangent reaches the other argument; ours is a
+# ValueError at the forward pass that names the argument. Neither drops its part.
+_REFUSED = {pt: ValueError, eqx: RuntimeError}
+
+
+@LIBS
+def test_custom_vjp_refuses_a_differentiated_second_argument(lib):
+    @lib.filter_custom_vjp
+    def product(x, y):
+        return x * y
+
+    def product_fwd(perturbed, x, y):
+        return x * y, None
+
+    def product_bwd(residuals, grad_obj, perturbed, x, y):
+        return grad_obj * y
+
+    product.def_fwd(product_fwd)
+    product.def_bwd(product_bwd)
+    with pytest.raises(_REFUSED[lib]):
+        jax.grad(lambda x: product(x, x))(1.0)
+    # A constant second argument is fine in both.
+    assert jax.grad(lambda x: product(x, jnp.array(3.0)))(1.0) == 3.0
+
+
 @LIBS
 def test_custom_vjp_defvjp_gets_zero_arrays(lib):
     seen = []

@@ -118,11 +118,11 @@ def filter_value_and_grad(
         >>> value, grads
         (Array(6., dtype=float32), {'name': None, 'w': Array([6., 6.], dtype=float32)})
     """
+    _check_has_aux(has_aux, "filter_value_and_grad")
     if fun is None:
         return lambda f: filter_value_and_grad(f, arg=arg, has_aux=has_aux, **gradkwargs)
     check_callable(fun, "filter_value_and_grad")
     _refuse_argnums(gradkwargs, "filter_value_and_grad")
-    _check_has_aux(has_aux, "filter_value_and_grad")
     return _Differentiated("filter_value_and_grad", fun, arg, has_aux, gradkwargs)
 
 
@@ -155,11 +155,11 @@ def filter_grad(
         >>> filter_grad(lambda m, x: m["w"] * x)(model, 5.0)
         {'act': None, 'steps': None, 'w': Array(5., dtype=float32, weak_type=True)}
     """
+    _check_has_aux(has_aux, "filter_grad")
     if fun is None:
         return lambda f: filter_grad(f, arg=arg, has_aux=has_aux, **gradkwargs)
     check_callable(fun, "filter_grad")
     _refuse_argnums(gradkwargs, "filter_grad")
-    _check_has_aux(has_aux, "filter_grad")
     return _Differentiated("filter_grad", fun, arg, has_aux, gradkwargs)
 
 
@@ -425,11 +425,11 @@ def _jacobian(
     has_aux: bool,
     kwargs: dict[str, Any],
 ) -> Any:
+    _check_has_aux(has_aux, name)
     if fun is None:
         return lambda f: _jacobian(jax_transform, name, f, has_aux, kwargs)
     check_callable(fun, name)
     _refuse_argnums(kwargs, name)
-    _check_has_aux(has_aux, name)
 
     @functools.wraps(fun)
     def jacobian(x: Any, /, *args: Any, **kw: Any) -> Any:

@@ -18,6 +18,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from pytree_filter import is_array, is_inexact_array_like, path_text
 
+from ._arguments import leaf_names
 from ._custom_jvp import RuleInputs
 from ._errors import check_callable
 from ._method import BindsAsMethod
@@ -173,6 +174,7 @@ class CustomVJP(BindsAsMethod):
             perturbed = [False] * vjp_def.num_leaves
             for i, x in zip(inputs.diff_index, diff, strict=True):
                 perturbed[i] = bool(x.perturbed)
+            _refuse_perturbed_others(fn, inputs, other, (vjp_arg, args, kwargs))
             diff, other = [x.value for x in diff], [x.value for x in other]
             perturbed_tree = vjp_def.unflatten(perturbed)
             call_vjp_arg, call_args, call_kwargs = _rebuild(inputs, diff, other)
@@ -207,6 +209,26 @@ class CustomVJP(BindsAsMethod):
         custom.defvjp(forward, backward, symbolic_zeros=True)
         out = custom(*inputs.arrays())
         return out_static[0].rebuild(out)
+
+
+def _refuse_perturbed_others(
+    fn: Callable[..., Any], inputs: RuleInputs, other: list[Any], call: tuple
+) -> None:
+    """Refuse to differentiate through an array outside `vjp_arg`: the rule gives it no
+    gradient, so its part of the derivative would be silently zero."""
+    for i, x in zip(inputs.other_index, other, strict=True):
+        if x.perturbed and is_inexact_array_like(x.value):
+            vjp_arg, args, kwargs = call
+            name, _ = leaf_names(fn, (None, (vjp_arg, *args), kwargs))[i]
+            raise ValueError(
+                f"filter_custom_vjp: {_name(fn)} is differentiated with respect to `{name}`, "
+                "which is not in its first argument: only the first argument (`vjp_arg`) "
+                "gets gradients from the backward pass, so this one would be silently "
+                f"dropped. Move `{name}` into the first argument (pack several objects "
+                "together as a tuple: `fn((x, y), ...)`, with a backward pass returning the "
+                "cotangent of that tuple), or pass `jax.lax.stop_gradient` of it if it "
+                "should get no gradient."
+            )
 
 
 def _cotangent(cotangent: Any, materialise: bool) -> Any:
@@ -280,8 +302,10 @@ def filter_custom_vjp(fn: Callable[..., Any]) -> CustomVJP:
 
     Only the first argument, `vjp_arg`, gets gradients: those of its floating-point arrays
     come from the backward pass you define. Its other leaves, and all other arguments (which
-    may hold anything, arrays included), get no gradient. The output may be any pytree:
-    its arrays are outputs of the custom rule, its other leaves are returned as they are.
+    may hold anything, arrays included), get no gradient: differentiating through an array
+    of another argument (`jax.grad(lambda x: fn(x, x))`) is a `ValueError` that names it,
+    as its part of the derivative would be lost. The output may be any pytree: its arrays
+    are outputs of the custom rule, its other leaves are returned as they are.
 
     Usage:
 
