@@ -118,3 +118,29 @@ def test_both_styles_train_identically_and_keep_their_ties(tx):
     assert not np.allclose(functional.norm.mean.value, 0.0)
     assert isinstance(functional.norm.mean, BatchStat)
     assert int(functional.drop.rngs.default.count.value) == STEPS
+
+
+def test_filter_grad_by_variable_type_sums_a_shared_param_into_one_gradient():
+    # The filter the docs recommend for BatchNorm models stops flattening at each Param;
+    # the Param held at two places is still one object, with one gradient: the sum of its
+    # uses, as the default filter and pytree_graph.grad give.
+    from pytree_filter import OfType
+    from pytree_transforms import filter_grad
+
+    model = Model(Rngs(0))
+    model.eval()  # no Dropout mask, no statistics update: the three gradients compare
+    x = batches()[0]
+    by_type = filter_grad(mse, arg=OfType(Param))(model, x)
+    default = filter_grad(mse)(model, x)
+    graph = pg.grad(mse)(model, x)
+    assert by_type.decoder_kernel is by_type.encoder.kernel
+    assert by_type.again is by_type.hidden
+    assert isinstance(by_type.encoder.kernel, Param)
+    assert jax.tree.leaves(by_type.norm.mean) == []  # a BatchStat: not differentiated
+    for grads in (default, graph):
+        np.testing.assert_allclose(
+            by_type.encoder.kernel.value, grads.encoder.kernel.value, **TOLERANCE
+        )
+        np.testing.assert_allclose(
+            by_type.hidden.kernel.value, grads.hidden.kernel.value, **TOLERANCE
+        )

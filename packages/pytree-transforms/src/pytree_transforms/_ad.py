@@ -20,7 +20,7 @@ from pytree_filter import (
 from ._errors import check_callable
 from ._method import BindsAsMethod
 from ._outputs import StaticOutput, split_output
-from ._sharing import Sharing, SplitTree, find_sharing, has_repeats, selected_once
+from ._sharing import SplitTree, find_sharing, first_places, has_repeats, selected_once
 from ._static_key import static_key
 
 
@@ -388,7 +388,7 @@ def filter_vjp(fun: Callable[..., Any], *primals: Any, has_aux: bool = False) ->
                 "array for each floating-point array leaf and None elsewhere."
             ) from None
         if static.sharing is not None:
-            leaves = _shared_cotangents(static.sharing, leaves)
+            leaves = first_places(static.sharing, leaves)
         dynamic = [c for c, m in zip(leaves, static.mask, strict=True) if m]
         # The cotangent's treedef must be the output's, `StaticOutput` included.
         (grads,) = vjp((dynamic, static))
@@ -397,25 +397,6 @@ def filter_vjp(fun: Callable[..., Any], *primals: Any, has_aux: bool = False) ->
     if has_aux:
         return static.rebuild(out), vjp_fn, aux_static.rebuild(aux)
     return static.rebuild(out), vjp_fn
-
-
-def _shared_cotangents(sharing: Sharing, leaves: list[Any]) -> list[Any]:
-    """The cotangents of an output's unique leaves, from one per place of the output.
-
-    A shared object of the output is one object: a cotangent that keeps it one object (the
-    same cotangent at each of its places, as a gradient of the output gives) is its
-    cotangent; separate cotangents at its places are each place's part, and add up.
-    """
-    unique = list(leaves)
-    for position, source in enumerate(sharing.repeats):
-        if position == source or leaves[position] is leaves[source]:
-            continue
-        if leaves[position] is not None:
-            if unique[source] is None:
-                unique[source] = leaves[position]
-            else:
-                unique[source] = unique[source] + leaves[position]
-    return sharing.dedupe(unique)
 
 
 def _jacobian(

@@ -7,11 +7,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.tree_util import PyTreeDef
 from jax.custom_derivatives import SymbolicZero
 
 from pytree_filter import is_array, is_inexact_array, is_inexact_array_like, path_text
 
 from ._errors import check_callable
+from ._sharing import Sharing, find_sharing, has_repeats
 from ._method import BindsAsMethod
 
 _PYTHON_NUMBERS = (bool, int, float, complex)
@@ -58,26 +60,37 @@ class CustomJVP(BindsAsMethod):
                 "        return primal_out, tangent_out"
             )
         inputs = RuleInputs((args, kwargs), jax.tree.structure(args).num_leaves)
-        args_def = inputs.treedef.children()[0]
+        # The output's structure, set by whichever of `primal` and `rule` ran last: they
+        # return its unique leaves (each shared object's once), and the caller rebuilds one
+        # object for every place a shared object stood. Every call makes its own list.
+        out_structure: list[Any] = []
 
         def primal(diff: list[Any], other: list[Any]) -> Any:
             call_args, call_kwargs = inputs.rebuild(diff, other)
             out = self._fn(*call_args, **call_kwargs)
             _check_output(out, self._fn)
-            return out
+            return _unique_leaves(out, out_structure)
 
         def rule(primals: tuple[list, list], tangents: tuple[list, list]) -> tuple[Any, Any]:
             call_args, call_kwargs = inputs.rebuild(*primals)
-            tangent_leaves: list[Any] = [None] * args_def.num_leaves
+            tangent_leaves: list[Any] = [None] * inputs.treedef.num_leaves
             for i, t in zip(inputs.diff_index, tangents[0], strict=True):
                 # An input that is not being differentiated has a symbolic zero tangent.
                 tangent_leaves[i] = None if type(t) is SymbolicZero else t
-            result = self._jvp(call_args, args_def.unflatten(tangent_leaves), **call_kwargs)
-            return _complete_tangents(result, self._jvp)
+            call_tangents, _ = inputs.unflatten(tangent_leaves)
+            result = self._jvp(call_args, call_tangents, **call_kwargs)
+            out, tangent_out = _complete_tangents(result, self._jvp)
+            structure = _structure(out)
+            leaves = _unique_leaves(out, out_structure)
+            tangent_leaves = jax.tree.structure(out).flatten_up_to(tangent_out)
+            if isinstance(structure, Sharing):
+                tangent_leaves = structure.dedupe(tangent_leaves)
+            return leaves, tangent_leaves
 
         custom = jax.custom_jvp(primal)
         custom.defjvp(rule, symbolic_zeros=True)
-        return custom(*inputs.arrays())
+        out = custom(*inputs.arrays())
+        return out_structure[0].unflatten(out)
 
 
 class RuleInputs:
@@ -87,12 +100,17 @@ class RuleInputs:
     array is an input too, so that tracers reach JAX as inputs rather than as closed-over
     values, but the rule declares no derivative for it. Non-array leaves are closed over as
     they are.
+
+    An object reached by several paths (a tied weight) reaches the functions as one object:
+    its leaves are passed to JAX at each of its places (the same values, with the same
+    tangents), and the functions get it rebuilt from its first place.
     """
 
-    __slots__ = ("diff_index", "leaves", "other_index", "treedef")
+    __slots__ = ("diff_index", "leaves", "other_index", "sharing", "treedef")
 
     def __init__(self, tree: Any, n_diff: int):
         self.leaves, self.treedef = jax.tree.flatten(tree)
+        self.sharing = find_sharing(tree, self.treedef) if has_repeats(self.leaves) else None
         self.diff_index = [i for i in range(n_diff) if is_inexact_array(self.leaves[i])]
         diff = set(self.diff_index)
         self.other_index = [i for i, x in enumerate(self.leaves) if is_array(x) and i not in diff]
@@ -108,7 +126,14 @@ class RuleInputs:
             full[i] = x
         for i, x in zip(self.other_index, other, strict=True):
             full[i] = x
-        return self.treedef.unflatten(full)
+        return self.unflatten(full)
+
+    def unflatten(self, leaves: list[Any]) -> Any:
+        """The tree from one value per leaf, each shared object one object (built from the
+        values at its first place)."""
+        if self.sharing is None:
+            return self.treedef.unflatten(leaves)
+        return self.sharing.unflatten(self.sharing.dedupe(leaves))
 
 
 def _check_output(out: Any, fn: Callable[..., Any]) -> None:
@@ -122,6 +147,22 @@ def _check_output(out: Any, fn: Callable[..., Any]) -> None:
                 "custom JVP may return only JAX arrays (and Python numbers). Return the "
                 "other objects from a wrapper around it instead."
             )
+
+
+def _structure(out: Any) -> PyTreeDef | Sharing:
+    """The output's treedef, or its `Sharing` where an object in it is reached twice."""
+    leaves, treedef = jax.tree.flatten(out)
+    sharing = find_sharing(out, treedef) if has_repeats(leaves) else None
+    return treedef if sharing is None else sharing
+
+
+def _unique_leaves(out: Any, out_structure: list[Any]) -> list[Any]:
+    """The output's leaves, each shared object's once; its structure goes to
+    `out_structure`."""
+    structure = _structure(out)
+    out_structure[:] = [structure]
+    leaves = jax.tree.leaves(out)
+    return structure.dedupe(leaves) if isinstance(structure, Sharing) else leaves
 
 
 def _complete_tangents(result: Any, jvp_fn: Callable[..., Any]) -> tuple[Any, Any]:

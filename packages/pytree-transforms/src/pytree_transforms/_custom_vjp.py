@@ -23,6 +23,7 @@ from ._custom_jvp import RuleInputs
 from ._errors import check_callable
 from ._method import BindsAsMethod
 from ._outputs import StaticOutput, split_output
+from ._sharing import Sharing, first_places
 
 
 class CustomVJP(BindsAsMethod):
@@ -202,7 +203,9 @@ class CustomVJP(BindsAsMethod):
                 *call_args,
                 **call_kwargs,
             )
-            diff_grads = _diff_cotangents(grads, call_vjp_arg, inputs.diff_index, diff, bwd)
+            diff_grads = _diff_cotangents(
+                grads, call_vjp_arg, inputs.diff_index, diff, bwd, inputs.sharing
+            )
             return diff_grads, [None] * len(other)
 
         custom = jax.custom_vjp(primal)
@@ -263,9 +266,15 @@ def _diff_cotangents(
     diff_index: list[int],
     diff: list[Any],
     bwd: Callable[..., Any],
+    sharing: Sharing | None,
 ) -> list[Any]:
     """The cotangents of the differentiated leaves of `vjp_arg` from the backward pass's
-    result: checked against `vjp_arg`, with zeros for `None`."""
+    result: checked against `vjp_arg`, with zeros for `None`.
+
+    The leaves of a shared object are JAX inputs at each of its places (see `RuleInputs`),
+    and JAX adds up their cotangents; the object has one cotangent (see `first_places`),
+    so it goes to its first place, and the others get zero.
+    """
     vjp_def = jax.tree.structure(vjp_arg)
     try:
         leaves = vjp_def.flatten_up_to(grads)
@@ -275,6 +284,10 @@ def _diff_cotangents(
             f"structure {vjp_def}, with None for leaves that are not floating-point arrays; "
             f"got {jax.tree.structure(grads)}."
         ) from None
+    if sharing is not None:
+        padded = leaves + [None] * (len(sharing.repeats) - len(leaves))
+        firsts = dict(zip(sharing.unique, first_places(sharing, padded), strict=True))
+        leaves = [firsts.get(i) for i in range(len(leaves))]
     cotangents = []
     for i, primal in zip(diff_index, diff, strict=True):
         grad, shape = leaves[i], np.shape(primal)

@@ -293,7 +293,35 @@ def selected_once(sharing: Sharing, tree: Any, mask: Sequence[Any], what: str) -
     return [bool(mask[i]) for i in sharing.unique]
 
 
-def same_axes_once(sharing: Sharing, tree: Any, axes: Sequence[Any], transform: str) -> list[Any]:
+def first_places(sharing: Sharing, leaves: Sequence[Any]) -> list[Any]:
+    """The unique leaves of a cotangent (or tangent) given at every place of a tree.
+
+    A shared object is one object, so it has one cotangent: the one at its first place
+    (at a later place where the first has None). A cotangent that keeps the object one
+    object, as a gradient does, has the same one at every place; one made place by place
+    (`jax.tree.map` over the tree) has equal ones. Either way it counts once.
+
+    Arguments:
+        sharing: the sharing of the tree.
+        leaves: one value (or None) per leaf of the tree.
+
+    Returns:
+        One value per unique leaf.
+    """
+    unique = list(leaves)
+    for position, source in enumerate(sharing.repeats):
+        if unique[source] is None:
+            unique[source] = leaves[position]
+    return sharing.dedupe(unique)
+
+
+def same_axes_once(
+    sharing: Sharing,
+    tree: Any,
+    axes: Sequence[Any],
+    transform: str,
+    describe: Callable[[Sequence[int]], list[str]] | None = None,
+) -> list[Any]:
     """The axes of the unique leaves, refusing a shared leaf given different axes at its
     places (the `selected_once` of axis specs).
 
@@ -302,13 +330,17 @@ def same_axes_once(sharing: Sharing, tree: Any, axes: Sequence[Any], transform: 
         tree: the tree (to name paths in the error).
         axes: one axis (an int or None) per leaf of `tree`.
         transform: the transform's name, for the error.
+        describe: names leaf positions for the error (by default, their key paths).
 
     Returns:
         One axis per unique leaf.
     """
     for position, source in enumerate(sharing.repeats):
         if axes[position] != axes[source]:
-            first, again = describe_positions(tree, sharing.treedef, (source, position))
+            if describe is None:
+                first, again = describe_positions(tree, sharing.treedef, (source, position))
+            else:
+                first, again = describe((source, position))
             raise ValueError(
                 f"{transform}: one object is reached by two paths, {first} and {again}, and "
                 f"the axis spec maps its leaf over axis {axes[source]} at the first and "

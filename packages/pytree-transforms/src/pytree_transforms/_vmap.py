@@ -1,7 +1,7 @@
 """`filter_vmap`: `jax.vmap` for functions of any pytrees."""
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -45,7 +45,9 @@ class _VmapWrapper(BindsAsMethod):
         unflatten, named = treedef.unflatten, (leaves, axes)
         sharing = find_sharing(tree, treedef) if has_repeats(leaves) else None
         if sharing is not None:
-            axes = same_axes_once(sharing, tree, axes, "filter_vmap")
+            axes = same_axes_once(
+                sharing, tree, axes, "filter_vmap", functools.partial(_names, self._fun, tree)
+            )
             leaves, unflatten = sharing.dedupe(leaves), sharing.unflatten
         mapped = [i for i, a in enumerate(axes) if a is not None]
         if not mapped and "axis_size" not in self._vmapkwargs:
@@ -73,6 +75,12 @@ class _VmapWrapper(BindsAsMethod):
             _check_sizes(self._fun, tree, *named, self._vmapkwargs.get("axis_size"))
             raise
         return layout.rebuild(with_axis, unmapped)
+
+
+def _names(fun: Callable[..., Any], tree: Any, positions: Sequence[int]) -> list[str]:
+    """The names of the leaves at `positions` of a call, as the caller wrote them."""
+    names = leaf_names(fun, tree)
+    return [f"`{names[i][0]}`" for i in positions]
 
 
 def _check_sizes(
