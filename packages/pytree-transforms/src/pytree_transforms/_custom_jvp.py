@@ -7,14 +7,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.tree_util import PyTreeDef
 from jax.custom_derivatives import SymbolicZero
+from jax.tree_util import PyTreeDef
 
 from pytree_filter import is_array, is_inexact_array, is_inexact_array_like, path_text
 
 from ._errors import check_callable
-from ._sharing import Sharing, find_sharing, has_repeats
 from ._method import BindsAsMethod
+from ._sharing import Sharing, find_sharing, has_repeats
 
 _PYTHON_NUMBERS = (bool, int, float, complex)
 
