@@ -17,6 +17,7 @@ from pytree_transforms import (
     filter_grad,
     filter_jit,
     filter_make_jaxpr,
+    filter_shard,
     filter_value_and_grad,
     filter_vjp,
     filter_vmap,
@@ -144,6 +145,13 @@ def test_eval_shape_make_jaxpr_and_checkpoint_keep_sharing():
     grads = jax.grad(lambda w: filter_checkpoint(lambda m: m(X))(Tied(weight=w)))(model.enc.value)
     expected = filter_grad(lambda m: m(X))(model).enc.value
     assert jnp.allclose(grads, expected)
+
+
+def test_filter_shard_keeps_sharing_outside_and_inside_jit():
+    model = Tied()
+    sharing = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    assert_tied(filter_shard(model, sharing))
+    assert_tied(filter_jit(lambda m: filter_shard(m, sharing))(model))
 
 
 def test_custom_rules_keep_sharing_and_count_a_shared_object_once():

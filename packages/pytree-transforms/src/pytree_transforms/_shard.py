@@ -6,6 +6,8 @@ import jax
 
 from pytree_filter import combine, is_array, partition
 
+from ._sharing import find_sharing, has_repeats
+
 
 def filter_shard(x: Any, device_or_shardings: Any) -> Any:
     """Shard the arrays of a pytree, leaving its other leaves alone.
@@ -20,7 +22,8 @@ def filter_shard(x: Any, device_or_shardings: Any) -> Any:
             prefix pytree of them matching `x`.
 
     Returns:
-        `x` with its arrays placed or constrained.
+        `x` with its arrays placed or constrained, an object it holds at several places
+        (a tied weight) still one object.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -41,4 +44,14 @@ def filter_shard(x: Any, device_or_shardings: Any) -> Any:
         arrays = jax.lax.with_sharding_constraint(arrays, device_or_shardings)
     else:
         arrays = jax.device_put(arrays, device_or_shardings)
-    return combine(arrays, rest)
+    return _keep_sharing(x, combine(arrays, rest))
+
+
+def _keep_sharing(x: Any, out: Any) -> Any:
+    """`out`, of the structure of `x`, with each object shared in `x` one object again
+    (built from its first place)."""
+    leaves, treedef = jax.tree.flatten(x)
+    sharing = find_sharing(x, treedef) if has_repeats(leaves) else None
+    if sharing is None:
+        return out
+    return sharing.unflatten(sharing.dedupe(treedef.flatten_up_to(out)))
