@@ -320,8 +320,8 @@ def test_conv_errors():
         Conv(4, 6, 3, feature_group_count=4, **EXACT, rngs=0)
     with pytest.raises(ValueError, match="feature_group_count must be a positive int"):
         Conv(4, 6, 3, feature_group_count=0, **EXACT, rngs=0)
-    with pytest.raises(ValueError, match="in_features must be a positive int"):
-        Conv(0, 6, 3, **EXACT, rngs=0)
+    with pytest.raises(ValueError, match="in_features must be an int >= 0, got -1"):
+        Conv(-1, 6, 3, **EXACT, rngs=0)
     with pytest.raises(ValueError, match=r"unknown padding 'FULL'; use one of 'SAME', 'VALID'"):
         Conv(3, 4, 3, padding="FULL", **EXACT, rngs=0)
     with pytest.raises(TypeError, match="padding must be a string, an int or a sequence"):

@@ -155,8 +155,8 @@ def test_linear_matches_a_reference_and_checks_its_inputs():
     assert half(jnp.ones(3)).dtype == jnp.bfloat16 and half.kernel.value.dtype == jnp.float32
     with pytest.raises(ValueError, match=r"last dimension is in_features=3, got .* \(2, 5\)"):
         layer(jnp.ones((2, 5)))
-    with pytest.raises(ValueError, match="out_features must be a positive int, got 0"):
-        Linear(3, 0, rngs=0)
+    with pytest.raises(ValueError, match="out_features must be an int >= 0, got -1"):
+        Linear(3, -1, rngs=0)
     with pytest.raises(TypeError, match="Linear needs `rngs=`"):
         Linear(3, 4)
 
@@ -180,8 +180,8 @@ def test_linear_with_no_input_features_gives_its_bias():
     assert MLP(0, 2, width_size=4, depth=1, rngs=0)(jnp.ones((0,))).shape == (2,)
     with pytest.raises(ValueError, match="in_features must be an int >= 0, got -1"):
         Linear(-1, 3, rngs=0)
-    with pytest.raises(ValueError, match="out_size must be a positive int, got 0"):
-        MLP(0, 0, width_size=4, depth=1, rngs=0)
+    with pytest.raises(ValueError, match="out_size must be an int >= 0, got -2"):
+        MLP(0, -2, width_size=4, depth=1, rngs=0)
 
 
 def test_mlp_as_equinox_defines_it():

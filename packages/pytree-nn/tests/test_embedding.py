@@ -119,9 +119,9 @@ def test_errors():
         ValueError, match=r"Embedding.attend expects .* features=3, got .* \(2, 4\)"
     ):
         embed.attend(jnp.ones((2, 4)))
-    with pytest.raises(ValueError, match="num_embeddings must be a positive int, got 0"):
-        Embedding(0, 3, rngs=0)
-    with pytest.raises(ValueError, match=r"features must be a positive int, got 2\.5"):
+    with pytest.raises(ValueError, match="num_embeddings must be an int >= 0, got -1"):
+        Embedding(-1, 3, rngs=0)
+    with pytest.raises(ValueError, match=r"features must be an int >= 0, got 2\.5"):
         Embedding(4, 2.5, rngs=0)
     with pytest.raises(TypeError, match="Embedding needs `rngs=`"):
         Embedding(4, 3)

@@ -11,7 +11,14 @@ from typing import Any
 import jax
 
 from pytree_module import Module, TraceContextError
-from pytree_module.extend import blank_instance, rebuild_into, same_trace, touch, trace_of
+from pytree_module.extend import (
+    blank_instance,
+    is_pytree_class,
+    rebuild_into,
+    same_trace,
+    touch,
+    trace_of,
+)
 
 from ._records import DICT, LEAF, LIST, MODULE, OBJECT, PYTREE, SHARED, STATIC, TUPLE, VARIABLE
 from ._records import describe as _describe
@@ -300,6 +307,13 @@ class Builder:
         # can refer back to it (cycles).
         obj = self.reuse.get(index)
         if obj is None:
+            if is_pytree_class(cls):
+                raise TypeError(
+                    f"merge: the {cls.__name__} in this GraphDef was split while its "
+                    "`__init__` was running, before its structure was settled, so no copy "
+                    "of it can be built. Split it after `__init__` returns, or update the "
+                    "object itself (`update(obj, state)`)."
+                )
             obj = blank_instance(cls)
         else:
             check_writable(obj)

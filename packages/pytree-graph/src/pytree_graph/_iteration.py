@@ -127,10 +127,21 @@ class _Mapper:
             self.open.discard(key)
             return result
         kind = type(value)
-        if kind in (list, tuple, List):
-            new = kind(self.visit(v, (*path, i)) for i, v in enumerate(value))
-        elif kind in (dict, Dict):
-            new = kind((k, self.visit(v, (*path, k))) for k, v in value.items())
+        if kind in (list, tuple, List, dict, Dict):
+            key = id(value)
+            if key in self.open:
+                raise ValueError(
+                    f"recursive_map found a cycle: the {kind.__name__} at {path_text(path)} "
+                    "holds itself. `fn` must get each value after its children's results, "
+                    "which a cycle makes impossible. Walk such graphs with `iter_graph` "
+                    "instead."
+                )
+            self.open.add(key)
+            if kind in (dict, Dict):
+                new = kind((k, self.visit(v, (*path, k))) for k, v in value.items())
+            else:
+                new = kind(self.visit(v, (*path, i)) for i, v in enumerate(value))
+            self.open.discard(key)
         elif isinstance(value, SHAPED_TYPES):
             new = value
         else:

@@ -16,7 +16,7 @@ from ._aliases import check_one_spec, lift_recording_aliases
 from ._argument_specs import NO_ENTRY, PerArgumentSpecs, SpecTable, leaves_of
 from ._boundary import Call, Inside
 from ._error_names import rename_in_error
-from ._errors import check_callable
+from ._errors import check_callable, donated_positions
 from ._graphdef import GraphDef
 from ._lift import LiftedCall, Reordered
 from ._lift_cache import lift_cache
@@ -34,7 +34,7 @@ class _GraphJit(BindsAsMethod):
         self._constructors: dict[type, _GraphJit] = {}
         self._constructing = 0  # > 0 while a constructor of `_initialise` is traced
         donate = jit_kwargs.pop("donate_argnums", ())
-        self._donate = frozenset((donate,) if isinstance(donate, int) else donate)
+        self._donate = donated_positions(donate, fun, "jit")
         in_shardings = jit_kwargs.pop("in_shardings", None)
         out_shardings = jit_kwargs.pop("out_shardings", None)
         layout = (

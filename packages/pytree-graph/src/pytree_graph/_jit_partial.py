@@ -50,7 +50,7 @@ from pytree_transforms.extend import BindsAsMethod
 
 from ._boundary import Call, Inside
 from ._error_names import rename_in_error
-from ._errors import check_callable
+from ._errors import check_callable, donated_positions
 from ._eval_shape import eval_shape
 from ._graphdef import Builder, GraphDef, check_writable
 from ._jit import (
@@ -426,7 +426,7 @@ class JitPartial(BindsAsMethod):
         self._bound = bound
         self._call = call = Call(fun)
         donate = jit_kwargs.pop("donate_argnums", ())
-        self._donate = frozenset((donate,) if isinstance(donate, int) else donate)
+        self._donate = donated_positions(donate, fun, "jit_partial")
         num_bound = len(bound)
         shardings, step_shardings = _split_shardings(
             call,

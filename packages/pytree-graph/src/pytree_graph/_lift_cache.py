@@ -356,6 +356,10 @@ class LiftCache:
             key = (_key(tree, roots, arrays), tuple(map(id, roots)))
         except _Uncacheable:
             return lift_once(tree)
+        except RecursionError:
+            # The top of the call is a list or dict that holds itself: the walk of
+            # `lift_once` names where (the key above has no objects to stop at).
+            return lift_once(tree)
         entry = self._entries.get(key)
         if entry is not None:
             lifted = entry.lifted(roots, arrays)

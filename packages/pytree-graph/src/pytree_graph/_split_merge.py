@@ -346,9 +346,12 @@ def update(node: Any, *states: Any) -> None:
 
 
 def pop(node: Any, *filters: Any) -> Any:
-    """Remove the Variables matching the filters from a graph, and return them.
+    """Remove the Variables (and plain arrays) matching the filters from a graph, and
+    return them.
 
-    Every reference to a removed Variable is deleted (as an attribute or a dict entry).
+    Every reference to a removed Variable is deleted (as an attribute or a dict entry); a
+    plain array held as data (not in a Variable) is removed from the path the filter
+    matched, as in Flax NNX.
 
     Arguments:
         node: a Module (or a list, dict or tuple of them).
@@ -375,18 +378,21 @@ def pop(node: Any, *filters: Any) -> Any:
     check_graph(walk.graphdef(node), node, "pop")
     flat = dict(zip(walk.paths, walk.leaves, strict=True))
     parts = _partition(flat, filters, exhaustive=False)
-    removed = {id(leaf) for part in parts[:-1] for leaf in part.values()}
     assert walk.shared_paths is not None
     deletions = []
-    for leaf in walk.leaves:
-        if id(leaf) in removed:
-            for path in walk.shared_paths[walk.index[id(leaf)]]:
+    for part in parts[:-1]:
+        for found, leaf in part.items():
+            # A Variable goes from every place that holds it; a plain array (which has no
+            # identity in the graph, as in Flax NNX) only from the path the filter matched.
+            i = walk.index.get(id(leaf))
+            for path in [found] if i is None else walk.shared_paths[i]:
                 parent, _ = _locate(node, path)
                 if not isinstance(parent, Module | dict):
+                    what = type(leaf).__name__ if i is not None else "array"
                     raise ValueError(
-                        f"pop: the {type(leaf).__name__} at {path_text(path)} is inside a "
+                        f"pop: the {what} at {path_text(path)} is inside a "
                         f"{type(parent).__name__}, whose items cannot be removed one by one. "
-                        "Keep such Variables in Module attributes or dicts."
+                        "Keep what you pop in Module attributes or dicts."
                     )
                 deletions.append((parent, path[-1]))
     for parent, key in deletions:

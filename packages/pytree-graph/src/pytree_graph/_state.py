@@ -41,6 +41,15 @@ class State(MutableMapping):
     __slots__ = ("_flat", "_nested")
 
     def __init__(self, mapping: Mapping[Any, Any] | None = None):
+        if mapping is not None and not isinstance(mapping, Mapping):
+            shown = repr(mapping)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise TypeError(
+                f"State expects a mapping of keys to values or nested mappings, e.g. "
+                f"State({{'w': Param(...)}}); got {shown} (of type {type(mapping).__name__}). "
+                "Build one from flat paths with `State.from_flat_path`, or take a model's "
+                "with `pytree_graph.state(model)`."
+            )
         items: dict[Any, Any] = {}
         for key, value in (mapping or {}).items():
             items[key] = State(value) if isinstance(value, Mapping) else value

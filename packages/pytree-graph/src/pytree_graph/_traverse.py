@@ -97,6 +97,9 @@ class GraphWalk:
         # when each was opened: a way back to one of them is a cycle.
         self.open: dict[int, int] = {}
         self.objects_entered = 0
+        # Lists and dicts being walked, likewise: a way back to one of them that enters no
+        # `pytree=False` object on the way is a cycle no walk can get out of.
+        self.open_containers: dict[int, int] = {}
         self.early: set[int] = set()  # pytree Modules that merge must make before children
         self.shared_paths: dict[int, list[Path]] | None = {} if record_shared else None
         self.order: list[tuple[Path, Any]] | None = [] if record_order else None
@@ -153,19 +156,48 @@ class GraphWalk:
         if kind is list or kind is List:
             if self.checks is not None:
                 self.checks.container(value, self.depth)
+            before = self._open_container(value, path)
             children = tuple(self.visit(v, (*path, i)) for i, v in enumerate(value))
+            self._close_container(value, before)
             return ListRecord(LIST, children, kind)
         if kind is tuple:
             return TupleRecord(TUPLE, tuple(self.visit(v, (*path, i)) for i, v in enumerate(value)))
         if kind is dict or kind is Dict:
             if self.checks is not None:
                 self.checks.container(value, self.depth)
+            before = self._open_container(value, path)
             keys = tuple(value)
             children = tuple(self.visit(value[k], (*path, k)) for k in keys)
+            self._close_container(value, before)
             return DictRecord(DICT, keys, children, kind)
         if value is None or kind in _PLAIN_STATICS:
             return StaticRecord(STATIC, Static(value))
         return self._other(value, path)
+
+    def _open_container(self, container: Any, path: Path) -> int | None:
+        """Mark a list or dict as being walked; refuse it if it is being walked already
+        with no object entered since: a cycle of containers (and pytree Modules), which
+        has no object to stop at. Returns what to restore when it is closed."""
+        key = id(container)
+        opened_at = self.open_containers.get(key)
+        if opened_at is not None and opened_at >= self.objects_entered:
+            kind = type(container).__name__
+            raise ValueError(
+                f"The object graph has a cycle through the {kind} at {path_text(path)}: it "
+                "holds itself, through lists, tuples, dicts or pytree Modules only. Graph "
+                f"functions copy a {kind} by value (it has no identity in a GraphDef), so "
+                "they would follow such a cycle forever. Make the cycle go through an "
+                "object of a `pytree=False` Module class (e.g. hold the list in one): graph "
+                "functions handle cycles through those."
+            )
+        self.open_containers[key] = self.objects_entered
+        return opened_at
+
+    def _close_container(self, container: Any, before: int | None) -> None:
+        if before is None:
+            del self.open_containers[id(container)]
+        else:
+            self.open_containers[id(container)] = before
 
     def _module(self, module: Module, path: Path) -> tuple:
         found = self._seen(module, path)
@@ -189,9 +221,13 @@ class GraphWalk:
         if self.checks is not None:
             self.checks.module(module, i, self.depth)
         self.depth += 1
-        if is_pytree_class(cls):
+        flat = flat_form(module) if is_pytree_class(cls) else None
+        # A pytree Module still in its `__init__` has no structure yet: its attributes
+        # so far are walked as those of a `pytree=False` object (e.g. by `split_rngs`
+        # above a transformed `__init__`).
+        if flat is not None and flat[1] is not None:
             self.open[id(module)] = self.objects_entered
-            children, entry = flat_form(module)
+            children, entry = flat
             records = tuple(
                 self.visit(child, (*path, key))
                 for key, child in zip(entry.layout.data_keys, children, strict=True)

@@ -7,6 +7,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from pytree_module import Module, data, static
+from pytree_module.extend import construct, flat_form, is_pytree_class
 from pytree_transforms.extend import BindsAsMethod
 
 from ._aliases import check_one_spec, lift_recording_aliases, show_argument_path
@@ -220,6 +222,7 @@ class _GraphVmap(BindsAsMethod):
         self._call = Call(fun)
         self._in_axes = _check_axes(in_axes, "in_axes")
         self._out_axes = _check_axes(out_axes, "out_axes")
+        self._given_metadata = transform_metadata
         self._metadata = (
             None if transform_metadata is None else TransformMetadata(transform_metadata, "vmap")
         )
@@ -227,6 +230,15 @@ class _GraphVmap(BindsAsMethod):
         functools.update_wrapper(self, fun, updated=())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # A pytree Module still in its `__init__`: a decorated `__init__` (checked first,
+        # as the structure of such a Module is not settled yet).
+        if (
+            args
+            and isinstance(args[0], Module)
+            and is_pytree_class(type(args[0]))
+            and flat_form(args[0])[1] is None
+        ):
+            return self._initialise(args[0], args[1:], kwargs)
         call = self._call
         lifted, axes = lift_with_axes(
             "vmap", call, args, kwargs, self._in_axes, "axis_size" in self._vmap_kwargs
@@ -288,6 +300,50 @@ class _GraphVmap(BindsAsMethod):
             for axis in leaf_axes.axes
         ]
         return lifted.apply(outcome, values + out_values)
+
+    def _initialise(self, module: Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        """Run a vmapped `__init__`, as Flax NNX does: build one object per example
+        inside the map, and give `module` (the one being initialised) their attributes,
+        each Variable stacked at the axis `in_axes` gives the object (an int, or per filter
+        with a `StateAxes`); `__init__` returns nothing, so `out_axes` plays no part."""
+        cls = type(module)
+        if vars(module):
+            raise TypeError(
+                f"pytree_graph.vmap on {cls.__name__}.__init__: the object has attributes "
+                f"already ({', '.join(sorted(vars(module)))}), set before the vmapped "
+                "`__init__` runs (e.g. by a subclass's `__init__` calling it through "
+                "`super()`). Map the `__init__` of the class being built, or vmap a "
+                f"function that builds the object: `vmap(lambda *a: {cls.__name__}(*a))`."
+            )
+        in_axes = self._in_axes
+        if isinstance(in_axes, tuple):
+            if len(in_axes) != len(args) + 1:
+                raise ValueError(
+                    f"vmap: in_axes has {len(in_axes)} entries but {cls.__name__}.__init__ "
+                    f"was called with {len(args) + 1} positional argument(s), `self` "
+                    "included: give one per argument (the first is the axis of the new "
+                    "object's Variables)."
+                )
+            own, rest = in_axes[0], in_axes[1:]
+        else:
+            own, rest = in_axes, in_axes
+        init = self.__wrapped__
+
+        def build(*args: Any, **kwargs: Any) -> Module:
+            return construct(cls, init, *args, **kwargs)
+
+        functools.update_wrapper(build, init)
+        built = vmap(
+            build,
+            in_axes=rest,
+            out_axes=own,
+            transform_metadata=self._given_metadata,
+            **self._vmap_kwargs,
+        )(*args, **kwargs)
+        data_keys = flat_form(built)[1].layout.data_keys
+        # Wrapped, so that each attribute keeps the status it got inside.
+        for name, value in vars(built).items():
+            setattr(module, name, data(value) if name in data_keys else static(value))
 
 
 def vmap(

@@ -170,27 +170,7 @@ class _ModuleMeta(type):
         return cls
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        info = cls.__module_info__
-        if info.abstract_class_vars:
-            raise unprovided_class_vars_error(cls, info.abstract_class_vars)
-        self = cls.__new__(cls)
-        key = id(self)
-        forced: dict[str, bool] = {}
-        _INITIALISING[key] = forced
-        try:
-            _set_trace(self, current_trace_token())
-            _set_flat(self, (_Unsettled(self), None))
-            try:
-                cls.__init__(self, *args, **kwargs)
-            except TypeError as error:
-                _raise_if_bad_arguments(cls, args, kwargs, error)
-                raise
-            _finish_init(self, forced)
-        finally:
-            del _INITIALISING[key]
-        for check_init in info.check_inits:
-            check_init(self)
-        return self
+        return construct(cls, cls.__init__, args, kwargs)
 
     @property
     def __signature__(cls) -> inspect.Signature | None:
@@ -203,6 +183,32 @@ class _ModuleMeta(type):
         except (TypeError, ValueError):
             return None
         return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
+def construct(cls: Any, init: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+    """Build an instance of `cls` as `cls(*args, **kwargs)` does, running `init` as its
+    `__init__` (see `pytree_module.extend.construct`)."""
+    info = cls.__module_info__
+    if info.abstract_class_vars:
+        raise unprovided_class_vars_error(cls, info.abstract_class_vars)
+    self = cls.__new__(cls)
+    key = id(self)
+    forced: dict[str, bool] = {}
+    _INITIALISING[key] = forced
+    try:
+        _set_trace(self, current_trace_token())
+        _set_flat(self, (_Unsettled(self), None))
+        try:
+            init(self, *args, **kwargs)
+        except TypeError as error:
+            _raise_if_bad_arguments(cls, args, kwargs, error)
+            raise
+        _finish_init(self, forced)
+    finally:
+        del _INITIALISING[key]
+    for check_init in info.check_inits:
+        check_init(self)
+    return self
 
 
 def _refuse_slots(name: str, namespace: dict[str, Any]) -> None:

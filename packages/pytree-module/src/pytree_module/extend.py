@@ -13,6 +13,8 @@ What is here:
   entry (a `TreedefEntry`) is the interned builder of that structure and carries its
   `layout` and `statics`. `blank_instance` and `rebuild_into` make and fill a Module
   without running its `__init__`, as merging an object graph with cycles needs.
+- `construct(cls, init, *args, **kwargs)`: build an instance running another function
+  as its `__init__`, for transforms that decorate `__init__`.
 - Per-class facts: `is_pytree_class`, `is_frozen_class`.
 - The trace-level guard's tokens: `current_trace_token`, `same_trace`, `trace_of`.
 - The mutation count (`mutations`, `touch`): the rule that keeps caches of object graphs
@@ -54,6 +56,7 @@ from typing import Any
 
 from ._layout import Layout, TreedefEntry
 from ._module import Module, _set_trace
+from ._module import construct as _construct
 from ._mutations import MutationCount, touch
 from ._mutations import mutations as _mutations
 from ._pformat import constructor_pdoc
@@ -66,6 +69,7 @@ __all__ = [
     "MutationCount",
     "TreedefEntry",
     "blank_instance",
+    "construct",
     "constructor_pdoc",
     "current_trace_token",
     "flat_form",
@@ -179,3 +183,36 @@ def rebuild_into(module: Module, entry: TreedefEntry, children: Sequence[Any]) -
         )
     layout.rebuild_into(module, children, entry)
     touch()
+
+
+def construct(cls: type[Module], init: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Module:
+    """Build an instance of a Module class as `cls(*args, **kwargs)` does, but with `init`
+    run as its `__init__`: the same statuses, converters, checks and `__check_init__`.
+
+    A transform that decorates `__init__` (`pytree_graph.vmap` on `__init__`, as Flax
+    NNX's idiom for a stack of layers) builds the object inside the transform with the
+    function it wraps, not with `cls.__init__`, which is the transform itself (and any
+    decorator above it).
+
+    Arguments:
+        cls: a subclass of `Module`.
+        init: called as `init(instance, *args, **kwargs)`, like an `__init__`.
+        *args, **kwargs: its arguments.
+
+    Returns:
+        The new instance.
+
+    Examples:
+        >>> from pytree_module import Module
+        >>> from pytree_module.extend import construct
+        >>> class Counter(Module):
+        ...     def __init__(self, start):
+        ...         self.count = start
+        >>> construct(Counter, lambda self, start: setattr(self, "count", start + 1), 1).count
+        2
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Module)):
+        raise TypeError(f"construct expects a subclass of Module, got {cls!r}.")
+    if not callable(init):
+        raise TypeError(f"construct: init must be callable, got {init!r}.")
+    return _construct(cls, init, args, kwargs)

@@ -28,15 +28,56 @@ def check_number(layer: str, name: str, value: Any, low: float, high: float) -> 
     return float(value)
 
 
-def check_input(layer: str, x: Any, axis: int, expected: int, name: str) -> None:
-    """Refuse an input whose `axis` is missing or not of size `expected`, naming the argument."""
+def check_input(
+    layer: str, x: Any, axis: int, expected: int, name: str, local: int | None = None
+) -> None:
+    """Refuse an input whose `axis` is missing or not of size `expected`, naming the argument.
+
+    `local` is the size the layer's weight has on that axis when it differs from `expected`:
+    inside `shard_map`, a weight split on its input axis holds a shard, and so does the
+    input each device sees."""
     shape = jnp.shape(x)
     where = "last dimension" if axis == -1 else f"dimension {axis}"
-    if not -len(shape) <= axis < len(shape) or shape[axis] != expected:
+    wanted = expected if local is None else local
+    if not -len(shape) <= axis < len(shape) or shape[axis] != wanted:
+        split = "" if local is None else f" split over the mesh ({local} in each shard)"
         raise ValueError(
-            f"{layer} expects inputs whose {where} is {name}={expected}, got an "
+            f"{layer} expects inputs whose {where} is {name}={expected}{split}, got an "
             f"input of shape {shape}."
         )
+
+
+def _manual_mesh_size() -> int:
+    """The number of shards of the current `shard_map` (the product of its manual axes'
+    sizes), 1 outside one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    manual = getattr(mesh, "manual_axes", ())
+    return math.prod(mesh.shape[name] for name in manual) if manual else 1
+
+
+def check_weight(layer: Any, name: str, sizes: str, expected: tuple[int, ...]) -> jax.Array:
+    """`layer.<name>`'s value, after checking that its shape is `expected` (the shape the
+    layer's `sizes` give), naming the Variable and both shapes: a value of another shape
+    assigned to it would otherwise fail as a shape error deep in the computation, or give
+    an output of the wrong size. Inside `shard_map`, a weight split over the mesh holds its
+    local shard, whose sizes divide the expected ones by a number of shards."""
+    value = getattr(layer, name).value
+    shape = tuple(jnp.shape(value))
+    if shape == expected:
+        return value
+    if len(shape) == len(expected):
+        shards = _manual_mesh_size()
+        if shards > 1 and all(
+            got == want or (0 < got < want and want % got == 0 and shards % (want // got) == 0)
+            for got, want in zip(shape, expected, strict=True)
+        ):
+            return value
+    kind = type(layer).__name__
+    raise ValueError(
+        f"{kind}.{name} has shape {shape}, but the layer's sizes ({sizes}) give {expected}. "
+        f"Assign a value of shape {expected} to {kind}.{name}, or build a new {kind} with "
+        "the sizes of the new value."
+    )
 
 
 def check_sharding(layer: str, name: str, sharding: Any, ndim: int) -> tuple[Any, ...] | None:

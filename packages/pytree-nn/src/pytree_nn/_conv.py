@@ -10,7 +10,7 @@ import numpy as np
 from jax import lax
 
 from . import initializers
-from ._checks import check_features, check_input
+from ._checks import check_features, check_input, check_weight
 from ._dtypes import promote_dtype
 from ._linear import default_kernel_init, kernel_and_bias
 from ._module import Module
@@ -162,11 +162,35 @@ def _check_causal(layer: str, padding: Any, kernel_size: tuple[int, ...]) -> Non
 
 def _promoted_params(layer: Any, inputs: jax.Array) -> list[Any]:
     """`inputs`, `layer`'s kernel (times its `mask`, if any) and bias, in one dtype."""
-    kernel = layer.kernel.value
+    kernel = _checked_kernel(layer)
     if layer.mask is not None:
         kernel = kernel * layer.mask.astype(kernel.dtype)
     bias = layer.bias.value if layer.bias is not None else None
     return promote_dtype(inputs, kernel, bias, dtype=layer.dtype)
+
+
+def _checked_kernel(layer: Any) -> jax.Array:
+    """`layer`'s kernel value, checked against the shape its sizes give (a local shard of it
+    inside `shard_map`)."""
+    if isinstance(layer, ConvTranspose):
+        features = (layer.in_features, layer.out_features)
+        expected = (*layer.kernel_size, *(features[::-1] if layer.transpose_kernel else features))
+        groups = f", transpose_kernel={layer.transpose_kernel}"
+    else:
+        groups = layer.feature_group_count
+        expected = (*layer.kernel_size, layer.in_features // groups, layer.out_features)
+        groups = f", feature_group_count={groups}" if groups != 1 else ""
+    sizes = (
+        f"kernel_size={layer.kernel_size}, in_features={layer.in_features}, "
+        f"out_features={layer.out_features}{groups}"
+    )
+    return check_weight(layer, "kernel", sizes, expected)
+
+
+def _shard(local: int, layer: Any) -> int | None:
+    """The input size a local shard of the kernel takes (inside `shard_map`), or None
+    where the kernel is whole."""
+    return None if local == layer.in_features else local
 
 
 def _check_mask(layer: str, mask: Any, kernel_shape: tuple[int, ...]) -> jax.Array | None:
@@ -191,8 +215,8 @@ class Conv(Module):
     images).
 
     Arguments:
-        in_features: size of the input's last axis.
-        out_features: size of the output's last axis.
+        in_features: size of the input's last axis (0 allowed: the output is the bias).
+        out_features: size of the output's last axis (0 allowed: an empty output).
         kernel_size: the kernel's spatial shape, e.g. `(3, 3)` for images; a single int
             means a 1-D convolution (`3` is `(3,)`).
         strides: the step between windows: an int, or one int per spatial dimension.
@@ -252,12 +276,9 @@ class Conv(Module):
         bias_sharding: Any = None,
         rngs: Any = None,
     ):
-        check_features(
-            "Conv",
-            in_features=in_features,
-            out_features=out_features,
-            feature_group_count=feature_group_count,
-        )
+        # Zero features are allowed, as in Linear.
+        check_features("Conv", smallest=0, in_features=in_features, out_features=out_features)
+        check_features("Conv", feature_group_count=feature_group_count)
         kernel_size = kernel_size_tuple("Conv", kernel_size)
         rank = len(kernel_size)
         strides = spatial_tuple("Conv", "strides", strides, rank)
@@ -310,8 +331,9 @@ class Conv(Module):
         """Convolve `x`, of shape `(*batch, *spatial, in_features)`."""
         inputs, batch_shape = merge_batch_dims("Conv", x, len(self.kernel_size))
         spatial = inputs.shape[1:-1]
-        check_input("Conv", x, -1, self.in_features, "in_features")
         inputs, kernel, bias = _promoted_params(self, inputs)
+        local = kernel.shape[-2] * self.feature_group_count
+        check_input("Conv", x, -1, self.in_features, "in_features", _shard(local, self))
         padding = self.padding
         if padding in ("CIRCULAR", "REFLECT", "CAUSAL"):
             sizes = _dilated_kernel_size(self)
@@ -376,8 +398,8 @@ class ConvTranspose(Module):
       after `s - 1` zeros are put between its elements, unlike PyTorch's `padding`).
 
     Arguments:
-        in_features: size of the input's last axis.
-        out_features: size of the output's last axis.
+        in_features: size of the input's last axis (0 allowed).
+        out_features: size of the output's last axis (0 allowed).
         kernel_size: the kernel's spatial shape; a single int means one dimension.
         strides: the upsampling factor: an int, or one int per spatial dimension.
         padding: `"SAME"`, `"VALID"`, `"CIRCULAR"` (periodic: with
@@ -432,7 +454,7 @@ class ConvTranspose(Module):
         rngs: Any = None,
     ):
         layer = "ConvTranspose"
-        check_features(layer, in_features=in_features, out_features=out_features)
+        check_features(layer, smallest=0, in_features=in_features, out_features=out_features)
         kernel_size = kernel_size_tuple(layer, kernel_size)
         rank = len(kernel_size)
         strides = spatial_tuple(layer, "strides", strides, rank)
@@ -471,8 +493,9 @@ class ConvTranspose(Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """Apply the layer to `x`, of shape `(*batch, *spatial, in_features)`."""
         inputs, batch_shape = merge_batch_dims("ConvTranspose", x, len(self.kernel_size))
-        check_input("ConvTranspose", x, -1, self.in_features, "in_features")
         inputs, kernel, bias = _promoted_params(self, inputs)
+        local = kernel.shape[-1 if self.transpose_kernel else -2]
+        check_input("ConvTranspose", x, -1, self.in_features, "in_features", _shard(local, self))
         sizes = _dilated_kernel_size(self)
         padding = self.padding
         if padding == "CIRCULAR":

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from . import initializers
-from ._checks import check_features, check_input, check_sharding
+from ._checks import check_features, check_input, check_sharding, check_weight
 from ._dtypes import promote_dtype
 from ._flat_draws import flat_when_eager
 from ._linear import sharded_param
@@ -26,8 +26,8 @@ class Embedding(Module):
     `query @ embedding.T`, the output layer of a language model with tied weights.
 
     Arguments:
-        num_embeddings: the number of vectors (e.g. the vocabulary size).
-        features: the size of each vector.
+        num_embeddings: the number of vectors (e.g. the vocabulary size; 0 allowed).
+        features: the size of each vector (0 allowed).
         dtype: the dtype of the outputs (None: the parameters' dtype, promoted with the
             query's in `attend`).
         param_dtype: the dtype of the table.
@@ -57,13 +57,18 @@ class Embedding(Module):
         embedding_sharding: Any = None,
         rngs: Any = None,
     ):
-        check_features("Embedding", num_embeddings=num_embeddings, features=features)
+        # Zero sizes are allowed, as in Equinox.
+        check_features("Embedding", smallest=0, num_embeddings=num_embeddings, features=features)
         sharding = check_sharding("Embedding", "embedding_sharding", embedding_sharding, 2)
         rngs = as_rngs(rngs, "Embedding")
-        self.embedding = sharded_param(
-            embedding_init(flat_when_eager(rngs.params()), (num_embeddings, features), param_dtype),
-            sharding,
-        )
+        key, shape = rngs.params(), (num_embeddings, features)
+        # An empty table has nothing to draw (and fan-scaled initializers would divide by
+        # its zero size): zeros, with its key drawn all the same, as `Linear`'s kernel.
+        if num_embeddings and features:
+            value = embedding_init(flat_when_eager(key), shape, param_dtype)
+        else:
+            value = jnp.zeros(shape, param_dtype)
+        self.embedding = sharded_param(value, sharding)
         self.num_embeddings = num_embeddings
         self.features = features
         self.dtype = dtype
@@ -84,8 +89,14 @@ class Embedding(Module):
                 f"Embedding expects integer indices, got an array of dtype {inputs.dtype}. "
                 "Convert them first, e.g. inputs.astype(jnp.int32)."
             )
-        (embedding,) = promote_dtype(self.embedding.value, dtype=self.dtype)
+        (embedding,) = promote_dtype(self._checked_embedding(), dtype=self.dtype)
         return jnp.take(embedding, inputs, axis=0)
+
+    def _checked_embedding(self) -> jax.Array:
+        """The table's value, checked against `(num_embeddings, features)` (a local shard of
+        it inside `shard_map`)."""
+        sizes = f"num_embeddings={self.num_embeddings}, features={self.features}"
+        return check_weight(self, "embedding", sizes, (self.num_embeddings, self.features))
 
     def attend(self, query: jax.Array) -> jax.Array:
         """Score `query` against every vector of the table: `query @ embedding.T`.
@@ -96,6 +107,8 @@ class Embedding(Module):
         Returns:
             The scores, of shape `(..., num_embeddings)` (e.g. logits over a vocabulary).
         """
-        check_input("Embedding.attend", query, -1, self.features, "features")
-        query, embedding = promote_dtype(query, self.embedding.value, dtype=self.dtype)
+        table = self._checked_embedding()
+        local = None if table.shape[1] == self.features else table.shape[1]
+        check_input("Embedding.attend", query, -1, self.features, "features", local)
+        query, embedding = promote_dtype(query, table, dtype=self.dtype)
         return jnp.matmul(query, embedding.T)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from pytree_graph import Param
 
 from . import initializers
-from ._checks import check_features, check_input, check_sharding
+from ._checks import check_features, check_input, check_sharding, check_weight
 from ._dtypes import promote_dtype
 from ._flat_draws import flat_when_eager
 from ._module import Module
@@ -65,7 +65,7 @@ class Linear(Module):
     Arguments:
         in_features: size of the input's last axis; 0 is allowed (an empty kernel of
             shape `(0, out_features)`: the output is the bias).
-        out_features: size of the output's last axis.
+        out_features: size of the output's last axis; 0 is allowed (an empty output).
         use_bias: whether to add a bias.
         dtype: the dtype to compute in (None: promote the input's and the parameters').
         param_dtype: the dtype of the parameters.
@@ -102,9 +102,9 @@ class Linear(Module):
         bias_sharding: Any = None,
         rngs: Any = None,
     ):
-        # No input features is allowed (as in Equinox): the output is then the bias.
-        check_features("Linear", smallest=0, in_features=in_features)
-        check_features("Linear", out_features=out_features)
+        # Zero features are allowed (as in Equinox): no input features give the bias, no
+        # output features an empty output.
+        check_features("Linear", smallest=0, in_features=in_features, out_features=out_features)
         rngs = as_rngs(rngs, "Linear")
         self.kernel, self.bias = kernel_and_bias(
             "Linear",
@@ -127,11 +127,25 @@ class Linear(Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Apply the layer to `x`, of shape `(..., in_features)`."""
-        check_input("Linear", x, -1, self.in_features, "in_features")
+        kernel = _checked_kernel(self)
+        check_input("Linear", x, -1, self.in_features, "in_features", _local(kernel, 0, self))
         bias = self.bias.value if self.bias is not None else None
-        x, kernel, bias = promote_dtype(x, self.kernel.value, bias, dtype=self.dtype)
+        x, kernel, bias = promote_dtype(x, kernel, bias, dtype=self.dtype)
         y = jnp.matmul(x, kernel, precision=self.precision)
         return y if bias is None else y + bias
+
+
+def _checked_kernel(layer: Linear) -> jax.Array:
+    """The kernel's value, checked against `(in_features, out_features)` (a local shard of
+    it inside `shard_map`)."""
+    sizes = f"in_features={layer.in_features}, out_features={layer.out_features}"
+    return check_weight(layer, "kernel", sizes, (layer.in_features, layer.out_features))
+
+
+def _local(kernel: jax.Array, axis: int, layer: Linear) -> int | None:
+    """The kernel's size on its input axis where it is a shard (inside `shard_map`), else None."""
+    size = kernel.shape[axis]
+    return None if size == layer.in_features else size
 
 
 def _identity(x: Any) -> Any:
@@ -155,8 +169,8 @@ class MLP(Module):
 
     Arguments:
         in_size: size of the input's last axis (0 allowed, see `Linear`).
-        out_size: size of the output's last axis.
-        width_size: size of each hidden layer.
+        out_size: size of the output's last axis (0 allowed).
+        width_size: size of each hidden layer (0 allowed).
         depth: the number of hidden layers (0: a single `Linear`).
         activation: applied after each hidden layer.
         final_activation: applied to the output.
@@ -204,8 +218,8 @@ class MLP(Module):
         bias_sharding: Any = None,
         rngs: Any = None,
     ):
-        check_features("MLP", smallest=0, in_size=in_size)
-        check_features("MLP", out_size=out_size, width_size=width_size)
+        # Zero sizes are allowed, as in Equinox (see Linear).
+        check_features("MLP", smallest=0, in_size=in_size, out_size=out_size, width_size=width_size)
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
             raise ValueError(f"MLP: depth must be an int >= 0, got {depth!r}.")
         # Checked before the first layer draws a key.
