@@ -22,6 +22,7 @@ from pytree_module.extend import (
     MutationCount,
     TreedefEntry,
     blank_instance,
+    construct,
     constructor_pdoc,
     current_trace_token,
     flat_form,
@@ -227,6 +228,32 @@ def test_blank_instance_of_a_graph_class_is_filled_by_object_setattr():
     node = blank_instance(Node)
     object.__setattr__(node, "value", 2)
     assert node.value == 2
+
+
+def test_construct_runs_another_init_with_the_usual_finishing_steps():
+    class Checked(Module):
+        size: int = field(static=True, converter=int)
+
+        def __init__(self, size):
+            raise AssertionError("construct runs the init it is given, not this one")
+
+        def __check_init__(self):
+            if self.size < 0:
+                raise ValueError("size must be >= 0")
+
+    def init(self, size, *, scale=1):
+        self.size = size * scale
+        self.weight = jnp.ones(2)
+
+    made = construct(Checked, init, 2.0, scale=3)
+    assert type(made) is Checked and made.size == 6  # the converter ran
+    assert flat_form(made)[1].layout.data_keys == ("weight",)  # statuses settled
+    with pytest.raises(ValueError, match="size must be >= 0"):  # __check_init__ ran
+        construct(Checked, init, -1)
+    with pytest.raises(TypeError, match="construct expects a subclass of Module"):
+        construct(dict, init)
+    with pytest.raises(TypeError, match="construct: init must be callable"):
+        construct(Checked, None)
 
 
 @pytest.mark.parametrize("bad", [dict, Scale(jnp.ones(2), "s"), "Scale"])

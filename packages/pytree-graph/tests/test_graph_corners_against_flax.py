@@ -1,5 +1,5 @@
-"""`vmap` decorating `__init__` (Flax NNX's way of building a stack of layers), side by
-side with Flax NNX: the same keys give the same stacked Variables."""
+"""Side by side with Flax NNX: `vmap` decorating `__init__` (NNX's way of building a stack
+of layers: the same keys give the same stacked Variables), and `pop` of plain arrays."""
 
 import pytest
 
@@ -10,6 +10,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import pytree_graph as pg  # noqa: E402
+from pytree_filter import PathContains  # noqa: E402
 from pytree_module import Module  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -92,3 +93,30 @@ def test_vmap_of_a_function_that_builds_the_model_as_in_nnx():
     theirs = nnx.vmap(lambda key: TheirBlock(key), in_axes=0)(KEYS)
     ours = pg.vmap(lambda key: OurBlock(key), in_axes=0)(KEYS)
     np.testing.assert_array_equal(ours.w.value, theirs.w[...])
+
+
+def test_pop_of_plain_arrays_as_in_nnx():
+    class Theirs(nnx.Module):
+        def __init__(self):
+            self.w = nnx.Param(jnp.ones(2))
+            self.a = jnp.zeros(3)
+            self.d = nnx.data({"x": jnp.ones(1), "y": nnx.Param(jnp.ones(1))})
+
+    class Ours(Module):
+        def __init__(self):
+            self.w = pg.Param(jnp.ones(2))
+            self.a = jnp.zeros(3)
+            self.d = {"x": jnp.ones(1), "y": pg.Param(jnp.ones(1))}
+
+    theirs, ours = Theirs(), Ours()
+    theirs.b, ours.b = theirs.a, ours.a  # one array at two paths
+    for select in ("a", "x"):
+        their_popped = nnx.pop(theirs, nnx.PathContains(select))
+        our_popped = pg.pop(ours, PathContains(select))
+        assert our_popped.to_pure_dict().keys() == their_popped.to_pure_dict().keys()
+        assert jax.tree.map(jnp.shape, our_popped.to_pure_dict()) == jax.tree.map(
+            jnp.shape, their_popped.to_pure_dict()
+        )
+    assert hasattr(ours, "a") == hasattr(theirs, "a") is False
+    assert hasattr(ours, "b") == hasattr(theirs, "b") is True
+    assert list(ours.d) == list(theirs.d) == ["y"]
