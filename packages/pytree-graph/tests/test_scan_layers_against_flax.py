@@ -141,7 +141,8 @@ def test_transform_metadata_names_the_layer_axis_as_in_nnx():
 
 
 def test_writing_a_broadcast_variable():
-    # NNX drops the write silently (the count stays 0); ours refuses it.
+    # NNX's graph mode (its default) drops the write silently (the count stays 0), its tree
+    # mode carries it from step to step (the count reaches 3); ours refuses it.
     class TheirCount(nnx.Module):
         def __init__(self):
             self.n = nnx.BatchStat(jnp.array(0.0))
@@ -163,6 +164,15 @@ def test_writing_a_broadcast_variable():
     count = TheirCount()
     theirs(jnp.array(0.0), count, jnp.arange(3.0))
     assert float(count.n[...]) == 0.0
+
+    @nnx.scan(in_axes=(nnx.Carry, None, 0), out_axes=nnx.Carry, graph=False)
+    def theirs_as_trees(x, c, xs):
+        c.n[...] += 1
+        return x + xs
+
+    count = TheirCount()
+    theirs_as_trees(jnp.array(0.0), count, jnp.arange(3.0))
+    assert float(count.n[...]) == 3.0
     with pytest.raises(ValueError, match="which in_axes broadcasts"):
         ours(jnp.array(0.0), OurCount(), jnp.arange(3.0))
 
