@@ -97,6 +97,13 @@ def test_the_other_layers_name_a_weight_of_another_shape():
         mlp(jnp.ones(2))
 
 
+def test_a_stacked_layer_called_on_its_own_says_how_to_call_it():
+    mlp = MLP(2, 1, width_size=8, depth=4, scan=True, rngs=0)
+    with pytest.raises(ValueError, match=r"holds a stack of 3 layers .* through `jax.lax.scan`"):
+        mlp.layers[1](jnp.ones(8))
+    assert mlp(jnp.ones(2)).shape == (1,)
+
+
 def test_outside_shard_map_a_kernel_the_size_of_a_shard_is_refused():
     layer = Linear(16, 3, rngs=0)
     layer.kernel.value = layer.kernel.value[:2]

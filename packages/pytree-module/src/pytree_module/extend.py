@@ -197,7 +197,8 @@ def construct(cls: type[Module], init: Callable[..., Any], /, *args: Any, **kwar
     Arguments:
         cls: a subclass of `Module`.
         init: called as `init(instance, *args, **kwargs)`, like an `__init__`.
-        *args, **kwargs: its arguments.
+        *args: its positional arguments.
+        **kwargs: its keyword arguments.
 
     Returns:
         The new instance.

@@ -73,10 +73,18 @@ def check_weight(layer: Any, name: str, sizes: str, expected: tuple[int, ...]) -
         ):
             return value
     kind = type(layer).__name__
+    if shape[1:] == expected:
+        fix = (
+            f"It holds a stack of {shape[0]} layers (a leading layer axis): call it one "
+            "layer at a time, through `jax.lax.scan`, `pytree_graph.scan` or `vmap`."
+        )
+    else:
+        fix = (
+            f"Assign a value of shape {expected} to {kind}.{name}, or build a new {kind} "
+            "with the sizes of the new value."
+        )
     raise ValueError(
-        f"{kind}.{name} has shape {shape}, but the layer's sizes ({sizes}) give {expected}. "
-        f"Assign a value of shape {expected} to {kind}.{name}, or build a new {kind} with "
-        "the sizes of the new value."
+        f"{kind}.{name} has shape {shape}, but the layer's sizes ({sizes}) give {expected}. {fix}"
     )
 
 

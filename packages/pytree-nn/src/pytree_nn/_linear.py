@@ -165,7 +165,7 @@ class MLP(Module):
     nothing. The layers draw their keys in the same order either way, so for the same
     `rngs` the parameters, outputs and gradients are those of `scan=False`, stacked.
     Call the stacked layer through the MLP (or `jax.lax.scan`): called on its own, it
-    would multiply by every layer's kernel at once.
+    raises an error saying so (its kernel has a layer axis).
 
     Arguments:
         in_size: size of the input's last axis (0 allowed, see `Linear`).
