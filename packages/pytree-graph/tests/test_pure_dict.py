@@ -16,6 +16,7 @@ from pytree_graph import (
     split,
     state,
     to_pure_dict,
+    update,
 )
 from pytree_module import Module, TraceContextError
 
@@ -157,3 +158,59 @@ def test_bad_arguments_are_refused():
         replace_by_pure_dict({"w": Param(1.0)}, {"w": 2.0})
     with pytest.raises(TypeError, match=r"expects nested dicts as `pure_dict`.*list"):
         replace_by_pure_dict(State({"w": Param(1.0)}), [2.0])
+
+
+class Keyed(Module):
+    """Typed PRNG keys in a Variable, and a bare one, as RNG streams hold them."""
+
+    def __init__(self, seed):
+        self.key = Variable(jax.random.key(seed))
+        self.keys = jax.random.split(jax.random.key(seed + 1), 3)
+        self.w = Param(jnp.full(2, float(seed)))
+
+
+def _key_data(st):
+    return jax.tree.map(
+        lambda v: np.asarray(
+            jax.random.key_data(v) if jax.dtypes.issubdtype(v.dtype, jax.dtypes.prng_key) else v
+        ),
+        to_pure_dict(st),
+    )
+
+
+def test_typed_prng_keys_round_trip_as_keys_or_as_their_data():
+    saved = Keyed(0)
+    pure = to_pure_dict(state(saved))
+    assert jax.dtypes.issubdtype(pure["key"].dtype, jax.dtypes.prng_key)
+    st = state(Keyed(5))
+    replace_by_pure_dict(st, pure)
+    assert st["key"].value.dtype == saved.key.value.dtype
+    jax.tree.map(np.testing.assert_array_equal, _key_data(st), _key_data(state(saved)))
+
+    data = {
+        "key": jax.random.key_data(pure["key"]),
+        "keys": jax.random.key_data(pure["keys"]),
+        "w": pure["w"],
+    }
+    model = Keyed(7)
+    st = state(model)
+    replace_by_pure_dict(st, data)
+    assert jax.dtypes.issubdtype(model.key.value.dtype, jax.dtypes.prng_key)
+    assert jax.random.key_impl(model.key.value) == jax.random.key_impl(saved.key.value)
+    jax.tree.map(np.testing.assert_array_equal, _key_data(st), _key_data(state(saved)))
+    model = Keyed(8)
+    update(model, {"key": data["key"], "keys": data["keys"]})  # a part, as data
+    np.testing.assert_array_equal(jax.random.key_data(model.key.value), data["key"])
+    np.testing.assert_array_equal(jax.random.key_data(model.keys), data["keys"])
+
+
+def test_what_cannot_stand_for_keys_is_named_and_nothing_changes():
+    model = Keyed(0)
+    before = _key_data(state(model))
+    wrong = {**to_pure_dict(state(model)), "w": jnp.ones(2), "key": jnp.zeros((3,), jnp.uint32)}
+    with pytest.raises(ValueError, match=r"at \.key: uint32\[3\] where the State has PRNG keys"):
+        replace_by_pure_dict(state(model), wrong)
+    wrong["key"] = jax.random.key(0, impl="rbg")
+    with pytest.raises(ValueError, match=r"at \.key: dtype key<rbg> where the State has key<fry>"):
+        replace_by_pure_dict(state(model), wrong)
+    jax.tree.map(np.testing.assert_array_equal, _key_data(state(model)), before)

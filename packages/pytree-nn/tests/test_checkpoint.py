@@ -655,3 +655,116 @@ def test_importing_pytree_nn_does_not_import_orbax():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+class Layered(Module):
+    """A model whose Variables carry layout metadata (`sharding`, and `mesh` when given)."""
+
+    def __init__(self, kernel_axes, bias_axes, mesh=None, seed=0, **metadata):
+        placement = {} if mesh is None else {"mesh": mesh}
+        rng = np.random.default_rng(seed)
+        kernel = jnp.asarray(rng.normal(size=(8, 16)), jnp.float32)
+        self.kernel = Param(kernel, sharding=kernel_axes, **placement, **metadata)
+        self.bias = Param(jnp.full(16, float(seed)), sharding=bias_axes, **placement)
+
+
+@pytest.mark.multi_device
+@FORMS
+def test_a_checkpoint_loads_onto_another_layout(tmp_path, form):
+    """Saved from a model laid out for data parallelism on a mesh of (8,), loaded into the
+    same model annotated for FSDP and tensor parallelism on a (2, 4) mesh: the values load,
+    the model keeps its annotation, and its arrays are laid out as it says."""
+    from jax.sharding import Mesh, PartitionSpec
+
+    path = checkpoint_path(tmp_path, form, "layout")
+    devices = np.array(jax.devices()[:8])
+    rows = Mesh(devices, ("data",))
+    saved = pg.create_sharded(lambda: Layered((None, None), (None,), seed=0), rows)
+    save_checkpoint(path, saved)
+    grid = Mesh(devices.reshape(2, 4), ("fsdp", "model"))
+    model = pg.create_sharded(lambda: Layered(("fsdp", "model"), ("model",), seed=1), grid)
+    loaded = load_checkpoint(path, model)
+    assert loaded is model
+    np.testing.assert_array_equal(model.kernel.value, saved.kernel.value)
+    np.testing.assert_array_equal(model.bias.value, saved.bias.value)
+    assert model.kernel.sharding == ("fsdp", "model") and model.bias.sharding == ("model",)
+    assert model.kernel.value.sharding.mesh.shape == {"fsdp": 2, "model": 4}
+    assert model.kernel.value.sharding.spec == PartitionSpec("fsdp", "model")
+    assert model.bias.value.sharding.spec == PartitionSpec("model")
+
+    # `mesh` metadata (with_partitioning(..., mesh=...)) is layout too, on either side.
+    placed = Layered(("model", "fsdp"), (None,), mesh=grid, seed=2)
+    load_checkpoint(path, placed)
+    np.testing.assert_array_equal(placed.kernel.value, saved.kernel.value)
+    assert placed.kernel.mesh is grid
+    assert placed.kernel.value.sharding.spec == PartitionSpec("model", "fsdp")
+    save_checkpoint(path, placed)
+    plain = Layered((None, None), (None,), seed=3)
+    load_checkpoint(path, plain)
+    np.testing.assert_array_equal(plain.kernel.value, saved.kernel.value)
+    assert "mesh" not in plain.kernel.metadata
+
+
+@FORMS
+def test_metadata_other_than_the_layout_is_still_checked(tmp_path, form):
+    path = checkpoint_path(tmp_path, form, "units")
+    save_checkpoint(path, Layered((None, None), (None,), units="m"))
+    for other in ({"units": "cm"}, {}):
+        model = Layered(("x", None), ("x",), seed=1, **other)
+        before = snapshot(model)
+        with pytest.raises(ValueError, match=r"Param at \.kernel has metadata") as error:
+            load_checkpoint(path, model)
+        assert "sharding" not in str(error.value)  # the layout is not what differs
+        assert_unchanged(before, model)
+    model = Layered(("x", None), ("x",), seed=1, units="cm")
+    load_checkpoint(path, model, check_metadata=False)
+    assert model.kernel.units == "cm" and model.kernel.sharding == ("x", None)
+
+
+class Noisy(Module):
+    """A model with a dropout stream (Rngs): its PRNG keys are part of its state."""
+
+    def __init__(self, seed):
+        self.linear = Linear(4, 4, rngs=seed)
+        self.dropout = Dropout(0.5, rngs=Rngs(seed))
+
+    def __call__(self, x):
+        return self.dropout(self.linear(x))
+
+
+def _draws(model, count=3):
+    x = jnp.ones((2, 4))
+    return [np.asarray(model(x)) for _ in range(count)]
+
+
+def _assert_same_stream(a, b):
+    for x, y in zip(_draws(a), _draws(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+@FORMS
+def test_a_model_with_rngs_saves_and_its_stream_goes_on(tmp_path, form):
+    path = checkpoint_path(tmp_path, form, "noisy")
+    saved = Noisy(0)
+    _draws(saved, 2)  # the stream has moved on
+    save_checkpoint(path, saved)
+    loaded = load_checkpoint(path, Noisy(1))
+    assert jax.dtypes.issubdtype(loaded.dropout.rngs.default.key.value.dtype, jax.dtypes.prng_key)
+    _assert_same_stream(saved, loaded)
+
+
+def test_orbax_with_pure_dicts_of_a_model_with_rngs(tmp_path):
+    """`to_pure_dict` of a model with Rngs keeps its typed PRNG keys, which orbax saves and
+    restores; `replace_by_pure_dict` writes them back, and the stream goes on alike."""
+    ocp = pytest.importorskip("orbax.checkpoint")
+    saved = Noisy(0)
+    _draws(saved, 1)
+    pure = pg.to_pure_dict(pg.state(saved))
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(tmp_path / "orbax", pure)
+        checkpointer.wait_until_finished()
+        model = Noisy(1)
+        target = jax.tree.map(ocp.utils.to_shape_dtype_struct, pg.to_pure_dict(pg.state(model)))
+        restored = checkpointer.restore(tmp_path / "orbax", target)
+    pg.replace_by_pure_dict(pg.state(model), restored)
+    _assert_same_stream(saved, model)

@@ -4,9 +4,11 @@ test_multiprocess_checkpoints.py."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import jax
@@ -36,7 +38,7 @@ def directory(tmp_path, name="run"):
 def test_layout_one_folder_per_step_with_entries_and_arrays(tmp_path):
     path = directory(tmp_path)
     save_checkpoint(path, Everything(0))
-    assert os.listdir(path) == ["0"]
+    assert sorted(os.listdir(path)) == ["0", "_pytree_nn.lock"]  # the writers' lock
     assert {"arrays", "entries"} <= set(os.listdir(os.path.join(path, "0")))
     restored = ocp.CheckpointManager(path).restore(
         0, args=ocp.args.Composite(entries=ocp.args.JsonRestore())
@@ -100,7 +102,7 @@ def test_step_errors_write_nothing(tmp_path):
         save_checkpoint(path, Linear(2, 3, rngs=1), step=5)
     with pytest.raises(ValueError, match="greater step than 3"):
         save_checkpoint(path, Linear(2, 3, rngs=1), step=3)
-    assert os.listdir(path) == ["5"]
+    assert sorted(os.listdir(path)) == ["5", "_pytree_nn.lock"]
     with pytest.raises(ValueError, match=r"has no step 4; it holds the steps \[5\]"):
         load_checkpoint(path, Linear(2, 3, rngs=1), step=4)
     with pytest.raises(TypeError, match=r"`step` must be None or an int >= 0, got -1"):
@@ -293,3 +295,201 @@ def test_without_orbax_a_directory_names_the_extra_and_writes_nothing(tmp_path, 
         save_checkpoint(path, Linear(2, 3, rngs=0))
     assert os.listdir(tmp_path) == []
     save_checkpoint(tmp_path / "model.safetensors", Linear(2, 3, rngs=0))  # files need none
+
+
+# Every test below bounds its waiting: threads are joined, and subprocesses run, with a time
+# limit, so that a save that hangs fails the test instead of stopping the run.
+_LIMIT_S = 240
+
+
+def _kernel_bytes(model):
+    return np.asarray(model.kernel.value).tobytes()
+
+
+def test_threads_saving_to_one_directory_take_turns(tmp_path):
+    """Four threads save to one directory at once (each twice, in the background and not):
+    every save is a step of its own, and every listed step loads one of the saves."""
+    path = directory(tmp_path)
+    models = [Linear(16, 16, rngs=seed) for seed in range(4)]
+    errors = []
+
+    def save(model):
+        try:
+            save_checkpoint(path, model, keep=None, wait=False).wait()
+            save_checkpoint(path, model, keep=None)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=save, args=(model,)) for model in models]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=_LIMIT_S)
+    assert not any(thread.is_alive() for thread in threads), "a save hung"
+    assert errors == []
+    assert checkpoint_steps(path) == list(range(8))
+    saved = {_kernel_bytes(model) for model in models}
+    loaded = [
+        _kernel_bytes(load_checkpoint(path, Linear(16, 16, rngs=99), step=step))
+        for step in range(8)
+    ]
+    assert set(loaded) == saved
+    assert all(loaded.count(kernel) == 2 for kernel in saved)
+
+
+def test_threads_saving_with_keep_leave_steps_that_load(tmp_path):
+    path = directory(tmp_path)
+    models = [Linear(16, 16, rngs=seed) for seed in range(3)]
+    errors = []
+
+    def save(model):
+        try:
+            for _ in range(2):
+                save_checkpoint(path, model, keep=2)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=save, args=(model,)) for model in models]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=_LIMIT_S)
+    assert not any(thread.is_alive() for thread in threads), "a save hung"
+    assert errors == []
+    assert checkpoint_steps(path) == [4, 5]
+    saved = {_kernel_bytes(model) for model in models}
+    for step in (4, 5):
+        assert _kernel_bytes(load_checkpoint(path, Linear(16, 16, rngs=9), step=step)) in saved
+
+
+def test_another_process_saving_to_a_locked_directory_is_refused_at_once(tmp_path):
+    """While this process saves to a directory (here: holds its writers' lock, as a save
+    does from start to end), a save of another program there raises an error naming the
+    directory and this process, without waiting; once the lock is free it saves."""
+    from pytree_nn import _checkpoint_orbax
+
+    path = directory(tmp_path)
+    save_checkpoint(path, Linear(2, 3, rngs=0))
+    script = f"""
+        import sys, time
+        from pytree_nn import Linear, save_checkpoint
+        start = time.monotonic()
+        try:
+            save_checkpoint({path!r}, Linear(2, 3, rngs=1))
+        except RuntimeError as error:
+            print(f"refused after {{time.monotonic() - start:.1f}} s: {{error}}")
+            sys.exit(3)
+        print("saved")
+    """
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    run = [sys.executable, "-c", textwrap.dedent(script)]
+    with _checkpoint_orbax.directory_lock(path):
+        descriptor = _checkpoint_orbax._lock_writer(path)
+        try:
+            result = subprocess.run(run, env=env, capture_output=True, timeout=_LIMIT_S)
+        finally:
+            _checkpoint_orbax._unlock_writer(descriptor)
+    out = result.stdout.decode()
+    assert result.returncode == 3, out + result.stderr.decode()
+    assert "another program is saving to the checkpoint directory" in out
+    assert repr(path) in out and f"process {os.getpid()} on host" in out
+    assert float(out.split("refused after ")[1].split(" s")[0]) < 10  # no waiting
+    assert checkpoint_steps(path) == [0]  # nothing written
+    result = subprocess.run(run, env=env, capture_output=True, timeout=_LIMIT_S)
+    assert result.stdout.decode().strip() == "saved", result.stderr.decode()
+    assert checkpoint_steps(path) == [1]
+
+
+def test_only_whole_steps_are_listed_and_the_next_save_deletes_the_rest(tmp_path):
+    """What a kill leaves (a step whose deletion was cut off, a step folder missing its
+    arrays, a save cut off, a folder being deleted) is never listed or loaded; the newest
+    whole step is loaded, and the next save deletes the leftovers."""
+    path = directory(tmp_path)
+    for seed in range(3):
+        save_checkpoint(path, Linear(4, 4, rngs=seed), keep=None)
+    os.remove(os.path.join(path, "2", "_CHECKPOINT_METADATA"))  # a deletion cut off
+    shutil.copytree(os.path.join(path, "1"), os.path.join(path, "3"))
+    os.remove(os.path.join(path, "3", "arrays", "_METADATA"))  # arrays half gone
+    shutil.copytree(os.path.join(path, "1"), os.path.join(path, "4.orbax-checkpoint-tmp-12"))
+    shutil.copytree(os.path.join(path, "0"), os.path.join(path, "_deleting.0.ab12"))
+    assert checkpoint_steps(path) == [0, 1]
+    loaded = load_checkpoint(path, Linear(4, 4, rngs=9))
+    assert _kernel_bytes(loaded) == _kernel_bytes(Linear(4, 4, rngs=1))
+    with pytest.raises(ValueError, match=r"has no step 2; it holds the steps \[0, 1\]"):
+        load_checkpoint(path, Linear(4, 4, rngs=9), step=2)
+
+    save_checkpoint(path, Linear(4, 4, rngs=5), keep=None)
+    assert sorted(os.listdir(path)) == ["0", "1", "2", "_pytree_nn.lock"]
+    assert checkpoint_steps(path) == [0, 1, 2]
+    loaded = load_checkpoint(path, Linear(4, 4, rngs=9))
+    assert _kernel_bytes(loaded) == _kernel_bytes(Linear(4, 4, rngs=5))
+
+
+def test_a_rotation_cut_off_leaves_no_listed_step_behind(tmp_path, monkeypatch):
+    """`keep` deletes an old step by renaming it out of the step names first: a deletion
+    stopped part-way (here it raises after deleting one file) leaves a folder that is
+    never listed, and the next save deletes it."""
+    from pytree_nn import _checkpoint_orbax
+
+    path = directory(tmp_path)
+    save_checkpoint(path, Linear(4, 4, rngs=0))
+
+    def cut_off(folder, ignore_errors=False):
+        for root, _, files in os.walk(folder):
+            if files:
+                os.remove(os.path.join(root, files[0]))
+                break
+        raise KeyboardInterrupt  # as a kill would stop it
+
+    monkeypatch.setattr(_checkpoint_orbax.shutil, "rmtree", cut_off)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, Linear(4, 4, rngs=1))
+    monkeypatch.undo()
+    assert checkpoint_steps(path) == [1]
+    assert any(name.startswith("_deleting.0.") for name in os.listdir(path))
+    loaded = load_checkpoint(path, Linear(4, 4, rngs=9))
+    assert _kernel_bytes(loaded) == _kernel_bytes(Linear(4, 4, rngs=1))
+    save_checkpoint(path, Linear(4, 4, rngs=2))  # the lock was released; leftovers go
+    assert sorted(os.listdir(path)) == ["2", "_pytree_nn.lock"]
+
+
+def test_a_program_that_saves_and_loads_a_directory_ends_without_tracebacks(tmp_path):
+    """Orbax's threads and event loops are closed, and a save still in the background when
+    the program ends is finished first (on Python 3.11; from 3.12 on, Python refuses the
+    threads orbax starts once the program ends: see `unwaited` below)."""
+    path = directory(tmp_path)
+    unwaited = sys.version_info < (3, 12)
+    script = f"""
+        import sys
+        from pytree_nn import Dropout, Linear, Module, Rngs, checkpoint_steps, load_checkpoint
+        from pytree_nn import save_checkpoint
+
+        class Net(Module):
+            def __init__(self, seed):
+                self.linear = Linear(64, 64, rngs=seed)
+                self.dropout = Dropout(0.5, rngs=Rngs(seed))
+
+        save_checkpoint({path!r}, Net(0))
+        save_checkpoint({path!r}, Net(1), wait=False)
+        load_checkpoint({path!r}, Net(2))  # waits for the save
+        try:
+            load_checkpoint({path!r}, Linear(3, 3, rngs=0))
+        except ValueError:
+            pass
+        assert checkpoint_steps({path!r}) == [1]
+        if {unwaited}:
+            save_checkpoint({path!r}, Net(3), wait=False)  # the end of the program waits
+        print("done")
+    """
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        env=env,
+        capture_output=True,
+        timeout=_LIMIT_S,
+    )
+    stderr = result.stderr.decode()
+    assert result.returncode == 0 and result.stdout.decode().strip() == "done", stderr
+    assert "Traceback" not in stderr and "Event loop is closed" not in stderr, stderr
+    assert "RuntimeWarning" not in stderr, stderr
+    assert checkpoint_steps(path) == ([2] if unwaited else [1])

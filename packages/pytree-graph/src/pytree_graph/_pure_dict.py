@@ -21,7 +21,9 @@ def to_pure_dict(state: State) -> dict[Any, Any]:
 
     The keys are the State's (attribute names, and list positions as ints). The result
     holds no Variables, so any checkpoint library can save it; `replace_by_pure_dict`
-    writes such dicts back.
+    writes such dicts back. PRNG keys (the streams of `Rngs`) stay typed keys, as in
+    Flax NNX; for a format without key dtypes, save their `jax.random.key_data`, which
+    `replace_by_pure_dict` and `update` take back in their place.
 
     Arguments:
         state: a State, from `state(model)` or `split`.
@@ -53,7 +55,9 @@ def replace_by_pure_dict(state: State, pure_dict: Mapping[Any, Any]) -> None:
     from `state(model)` writes into `model` itself; a bare array in the State is
     replaced in the State. Every entry is checked before anything is written: on an error,
     nothing has changed. Digit-string keys (`"0"`, as some checkpoint formats save list
-    positions) match the State's int keys.
+    positions) match the State's int keys. In the place of PRNG keys, give keys of the
+    same implementation, or their data (`jax.random.key_data`): it becomes keys of the
+    implementation of those it replaces.
 
     Arguments:
         state: a State, from `state(model)` or `split`.
@@ -66,7 +70,8 @@ def replace_by_pure_dict(state: State, pure_dict: Mapping[Any, Any]) -> None:
     Raises:
         TypeError: `state` is not a State, or `pure_dict` is not a mapping.
         ValueError: a path of the State is missing from `pure_dict`, `pure_dict` has a
-            path the State lacks, or a value's shape or dtype differs from the State's.
+            path the State lacks, or a value's shape or dtype differs from the State's
+            (for PRNG keys: neither keys of the same implementation nor their data).
 
     Examples:
         >>> import jax.numpy as jnp

@@ -5,6 +5,7 @@ through its methods (`flat_state`, indexing), so `State` itself can use it."""
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import numpy as np
 
 from pytree_filter import Path, path_text
@@ -34,6 +35,17 @@ def _shape_and_dtype(value: Any) -> tuple[tuple[int, ...], Any]:
     return (np.shape(value) if shape is None else tuple(shape)), getattr(value, "dtype", None)
 
 
+def _is_key(dtype: Any) -> bool:
+    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _same_dtype(old: Any, new: Any) -> bool:
+    # PRNG key dtypes (`key<fry>`) are JAX's own, which NumPy cannot interpret.
+    if _is_key(old) or _is_key(new):
+        return old == new
+    return np.dtype(old) == new
+
+
 def _mismatch(path: Path, old: Any, new: Any) -> str | None:
     """Why `new` cannot replace `old` at `path`, or None if it can."""
     old_shape, old_dtype = _shape_and_dtype(old)
@@ -41,9 +53,26 @@ def _mismatch(path: Path, old: Any, new: Any) -> str | None:
     if old_shape != new_shape:
         return f"at {path_text(path)}: shape {new_shape} where the State has {old_shape}"
     # A Python number has no dtype of its own: JAX gives it the array's.
-    if old_dtype is not None and new_dtype is not None and np.dtype(old_dtype) != new_dtype:
+    if old_dtype is not None and new_dtype is not None and not _same_dtype(old_dtype, new_dtype):
         return f"at {path_text(path)}: dtype {new_dtype} where the State has {old_dtype}"
     return None
+
+
+def _as_keys(path: Path, old: Any, new: Any) -> tuple[Any, str | None]:
+    """`new` as PRNG keys in the place of the keys `old`: keys as they are, or their data
+    (`jax.random.key_data`, what a format without key dtypes saves) wrapped with `old`'s
+    implementation; and why it cannot be, or None."""
+    new_shape, new_dtype = _shape_and_dtype(new)
+    if _is_key(new_dtype) or not isinstance(old, jax.Array):
+        return new, _mismatch(path, old, new)
+    data = jax.random.key_data(old)
+    if new_dtype is not None and np.dtype(new_dtype) == data.dtype and new_shape == data.shape:
+        return jax.random.wrap_key_data(new, impl=jax.random.key_impl(old)), None
+    return new, (
+        f"at {path_text(path)}: {new_dtype}{list(new_shape)} where the State has PRNG keys "
+        f"{old.dtype}{list(old.shape)}; give keys, or their data "
+        f"(`jax.random.key_data`: {data.dtype}{list(data.shape)})"
+    )
 
 
 def checked_pure_dict(
@@ -52,7 +81,9 @@ def checked_pure_dict(
     """`pure_dict` as `{path: value}` with `current`'s paths, once its paths, shapes and
     dtypes are checked against `current` (a State's `flat_state()`).
 
-    Digit-string keys match int keys. With `partial`, `pure_dict` may leave paths out.
+    Digit-string keys match int keys. With `partial`, `pure_dict` may leave paths out. In
+    the place of PRNG keys, keys of the same implementation, or their data
+    (`jax.random.key_data`), which is wrapped into keys of that implementation.
 
     Raises:
         TypeError: `pure_dict` is not a mapping.
@@ -79,7 +110,11 @@ def checked_pure_dict(
     problems = []
     for path, value in new.items():
         leaf = current[path]
-        problem = _mismatch(path, leaf.value if isinstance(leaf, Variable) else leaf, value)
+        old = leaf.value if isinstance(leaf, Variable) else leaf
+        if _is_key(getattr(old, "dtype", None)):
+            new[path], problem = _as_keys(path, old, value)
+        else:
+            problem = _mismatch(path, old, value)
         if problem is not None:
             problems.append(problem)
     if problems:

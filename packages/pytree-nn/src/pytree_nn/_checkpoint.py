@@ -1,7 +1,7 @@
 """Checkpoints: `save_checkpoint` and `load_checkpoint`, to one safetensors file (one host) or
 to a directory written with orbax-checkpoint (any number of hosts), now or in the background."""
 
-import atexit
+import concurrent.futures.thread  # noqa: F401  (its exit hook first: see below)
 import functools
 import os
 import threading
@@ -30,7 +30,13 @@ from ._checkpoint_file import (
     spanned_processes,
     write_file,
 )
-from ._checkpoint_orbax import DirectoryReader, directory_contents, start_save, steps
+from ._checkpoint_orbax import (
+    DirectoryReader,
+    directory_contents,
+    directory_lock,
+    start_save,
+    steps,
+)
 from ._checks import check_graph
 
 _SHOWN = 10  # problems listed in one error
@@ -122,7 +128,6 @@ def _wait_or_warn(handle: SaveHandle) -> None:
             )
 
 
-@atexit.register
 def _wait_for_every_save() -> None:
     """A program that ends right after `save_checkpoint(..., wait=False)` still saves."""
     with _pending_lock:
@@ -130,6 +135,13 @@ def _wait_for_every_save() -> None:
         _pending.clear()
     for handle in handles:
         _wait_or_warn(handle)
+
+
+# Run at the start of the interpreter's shutdown, before the thread pools that orbax writes
+# with stop taking work (they stop in a hook registered when `concurrent.futures.thread` is
+# first imported; such hooks run newest first, and plain `atexit` ones only afterwards): a
+# background save then finishes, instead of failing with tracebacks of orbax's threads.
+threading._register_atexit(_wait_for_every_save)
 
 
 def _check_step(function: str, step: Any) -> None:
@@ -182,7 +194,12 @@ def save_checkpoint(
     orbax-checkpoint (`pip install 'pytree-nn[orbax]'`). In a `jax.distributed` program
     every process calls `save_checkpoint` alike and writes only the shards it holds. Each
     save is a folder `path/<step>`, which appears whole or not at all: a save cut off
-    leaves the earlier steps loadable. `keep` says how many steps stay.
+    leaves the earlier steps loadable, and the next save deletes what it left. `keep`
+    says how many steps stay. Saves to one directory take turns within a process (a
+    save waits for the one in progress), and another program saving to the directory
+    at the same time is refused with a RuntimeError: the directory's lock file
+    (`_pytree_nn.lock`) is held for the whole save. The processes of one
+    `jax.distributed` job are one writer (their first process holds the lock).
 
     Keys: the keys of a path joined by `/`, ints in decimal (`layers/0/kernel`); in str
     keys `~` is written `~0` and `/` is written `~1`, and a str that is empty or reads as
@@ -197,7 +214,9 @@ def save_checkpoint(
         wait: wait until the checkpoint is written (the default); with `wait=False`, take
             the values now (arrays copied to the host) and write them in the background,
             returning a `SaveHandle` (`.wait()`). A later save or load of the same path
-            waits for it first; so does the end of the program.
+            waits for it first; so does the end of the program (on Python 3.12 and
+            later, a directory's save cannot finish once the program ends: Python then
+            refuses the threads orbax starts; call `.wait()` first).
         step: directories only: the number of this save (a folder name); by default one
             more than the newest step there (0 in a new directory). It must be greater
             than every step already there.
@@ -217,6 +236,8 @@ def save_checkpoint(
             `keep` is given for a file, or `step` is not new; the directory holds other
             things than checkpoints.
         ImportError: a directory is asked for and orbax-checkpoint is not installed.
+        RuntimeError: another program is saving to the same directory (named, with the
+            process that holds its lock). Nothing is written.
         FileNotFoundError: the directory that would hold `path` does not exist.
         PermissionError: the directory of `path` cannot be written to.
 
@@ -274,8 +295,10 @@ def save_checkpoint(
 def checkpoint_steps(path: str | os.PathLike) -> list[int]:
     """The steps saved in a checkpoint directory, oldest first.
 
-    A save still being written (`wait=False`) is waited for first; a save that was cut off
-    is not listed.
+    A save still being written (`wait=False`) is waited for first. Only whole steps are
+    listed, each of which loads: a save that was cut off, a step whose deletion was cut off
+    (a folder that lacks a part), and orbax's temporary folders are not (the next save
+    deletes them).
 
     Arguments:
         path: a directory `save_checkpoint` wrote to.
@@ -302,7 +325,8 @@ def checkpoint_steps(path: str | os.PathLike) -> list[int]:
             f"checkpoint_steps: {path!r} is not a directory; only checkpoint directories "
             "hold steps."
         )
-    return steps(path)
+    with directory_lock(path):
+        return steps(path)
 
 
 def load_checkpoint(
@@ -315,7 +339,8 @@ def load_checkpoint(
     """Load a checkpoint written by `save_checkpoint` into `model`, in place where it can.
 
     The checkpoint must hold exactly the model's state (or, with filters, the part they
-    select): the same paths, Variable types, metadata, shapes and dtypes. Everything is
+    select): the same paths, Variable types, metadata (other than the layout: `sharding`
+    and `mesh`), shapes and dtypes. Everything is
     checked before any value is written (for a file, the checksums too), so a checkpoint
     that does not fit, or is cut off or damaged, raises and leaves the model as it was.
     Each value goes where the one it replaces is: its devices and sharding, on any mesh
@@ -333,7 +358,10 @@ def load_checkpoint(
             `pytree_graph.state` (e.g. `Param` for a checkpoint saved from
             `pytree_graph.state(model, Param)`); by default, all of it.
         check_metadata: require the Variables' metadata to match the checkpoint's (the
-            model's own metadata is kept either way).
+            model's own metadata is kept either way). The layout metadata (`sharding`,
+            `mesh`) is never compared: it says where values live, and the model's own
+            decides where the loaded arrays go (another mesh shape, FSDP instead of
+            data parallelism).
         step: directories only: the step to load (see `checkpoint_steps`); by default
             the newest.
 

@@ -16,6 +16,10 @@ from pytree_graph import Variable
 FORMAT = "pytree_nn.checkpoint"
 FORMAT_VERSION = 1
 NONE = "None"  # the dtype (and kind) of a Variable holding None, as optax states have
+# The metadata of a Variable's layout (pytree_graph's `with_partitioning`, `shard`,
+# `create_sharded`: the axes of its `sharding`, logical names included, and its `mesh`):
+# the model loaded into keeps its own, and its arrays are laid out as it says.
+LAYOUT = frozenset({"sharding", "mesh"})
 METADATA_DIFFERS = "has metadata"  # in a problem: the hint names check_metadata=False
 SAVED = (
     "a Module (or any graph of Modules and Variables), a State, or a list, tuple or dict "
@@ -235,15 +239,25 @@ def mismatch(path: Path, leaf: Any, entry: dict[str, Any], check_metadata: bool)
         now = show_array(*described[1:]) if described else f"a {type(value).__name__}"
         return f"{where} is {now} in the model but {show_array(*saved[1:])} in the checkpoint"
     if check_metadata and isinstance(leaf, Variable):
-        names = sorted(leaf.metadata)
-        current = json_metadata(leaf, path, "load_checkpoint")
-        if names != entry.get("metadata_names") or current != entry.get("metadata"):
+        names = _what(sorted(leaf.metadata))
+        current = _what(json_metadata(leaf, path, "load_checkpoint"))
+        # A Variable's entry has both (`malformed` checks it when the checkpoint is read).
+        saved_names, saved_metadata = _what(entry["metadata_names"]), _what(entry["metadata"])
+        if names != saved_names or current != saved_metadata:
             return (
                 f"the {type(leaf).__name__} at {where} {METADATA_DIFFERS} {current} (names "
-                f"{names}) in the model but {entry.get('metadata')} (names "
-                f"{entry.get('metadata_names')}) in the checkpoint"
+                f"{names}) in the model but {saved_metadata} (names {saved_names}) in the "
+                "checkpoint"
             )
     return None
+
+
+def _what(metadata: Any) -> Any:
+    """Metadata (a dict, or a list of names) without the layout entries, which say where
+    the values live, not what they are: a checkpoint loads onto any mesh and sharding."""
+    if isinstance(metadata, dict):
+        return {name: value for name, value in metadata.items() if name not in LAYOUT}
+    return [name for name in metadata if name not in LAYOUT]
 
 
 def placed(value: Any, current: Any, kind: str) -> Any:

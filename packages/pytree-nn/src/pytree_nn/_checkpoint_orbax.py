@@ -5,10 +5,21 @@ Layout of `path/<step>/`: `arrays/` holds the arrays (orbax's StandardSave of a 
 in the single file), `entries/` the same header entries as the file (JSON, written by one
 process): Variable types, metadata, dtypes and shapes, and the values that are not arrays
 (Python scalars, None, arrays with no elements, which orbax does not write).
+
+`path/_pytree_nn.lock` is the writers' lock: one save at a time in a process (a lock per
+directory), and one writer at a time across processes (an exclusive `flock` on the file,
+taken by the first process of a `jax.distributed` job for the whole job). Old steps are
+renamed out of the step names before they are deleted, so a kill mid-deletion leaves no
+listed step behind; leftovers (cut-off saves, half-deleted folders) go at the next save.
 """
 
+import json
 import os
 import re
+import shutil
+import socket
+import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +29,11 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from pytree_filter import Path, path_text
+
+try:
+    import fcntl
+except ImportError:  # Windows: saves are serialized within a process only
+    fcntl = None
 
 from ._checkpoint_entries import (
     FORMAT,
@@ -51,14 +67,138 @@ def orbax(function: str) -> Any:
     return ocp
 
 
+LOCK = "_pytree_nn.lock"
+_DISCARDED = "_deleting."  # an old step or a leftover, renamed before it is deleted
+_TEMPORARY = ".orbax-checkpoint-tmp"  # orbax's name for a step being written
+_STEP_METADATA = "_CHECKPOINT_METADATA"  # orbax's record of a step, in every step it writes
+_ENTRIES_FILE = "metadata"  # what orbax's JsonSave names its file
+_ARRAYS_METADATA = "_METADATA"  # orbax's tree metadata, written with the arrays
+
+_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def directory_lock(path: str) -> threading.Lock:
+    """The lock that one process's saves to (and loads from) the directory `path` hold:
+    one at a time, so that no save picks a step another is writing, or deletes a step
+    another is reading."""
+    with _locks_guard:
+        return _locks.setdefault(os.path.realpath(path), threading.Lock())
+
+
+def _complete(folder: str) -> bool:
+    """Whether a step folder holds a whole save: orbax's record of the step, the entries,
+    and the arrays when the entries say there are some. Orbax itself counts a folder as a
+    finished step by its name alone (the temporary name of a save being written is renamed
+    to the step once written), which a deletion cut off part-way does not change."""
+    if os.path.islink(folder) or not os.path.isfile(os.path.join(folder, _STEP_METADATA)):
+        return False
+    try:
+        with open(os.path.join(folder, ENTRIES, _ENTRIES_FILE), encoding="utf-8") as file:
+            document = json.load(file)
+    except (OSError, ValueError):
+        return False
+    entries = document.get("entries") if isinstance(document, dict) else None
+    if not isinstance(entries, dict):
+        return True  # not a form of ours: loading says what is wrong with it
+    has_arrays = any(
+        isinstance(entry, dict)
+        and entry.get("kind") == "array"
+        and isinstance(entry.get("shape"), list)
+        and all(entry.get("data_shape", entry["shape"]))
+        for entry in entries.values()
+    )
+    return not has_arrays or os.path.isfile(os.path.join(folder, ARRAYS, _ARRAYS_METADATA))
+
+
 def steps(path: str) -> list[int]:
-    """The steps of the checkpoints saved in the directory `path`, oldest first (a save
-    still in progress, or one cut off, is in a temporary folder and not listed)."""
+    """The steps of the checkpoints saved whole in the directory `path`, oldest first: a
+    save in progress or cut off (in a temporary folder), a step folder that lacks a part
+    (a deletion cut off), and a step being deleted are not listed."""
     return sorted(
         int(name)
         for name in os.listdir(path)
-        if _STEP.match(name) and os.path.isdir(os.path.join(path, name))
+        if _STEP.match(name) and _complete(os.path.join(path, name))
     )
+
+
+def _discard(path: str, name: str) -> None:
+    """Delete `path/name`: first renamed out of the step names (at once, whole), so that a
+    deletion cut off part-way leaves no folder that could pass for a step."""
+    if not name.startswith(_DISCARDED):
+        discarded = f"{_DISCARDED}{name}.{uuid.uuid4().hex}"
+        try:
+            os.rename(os.path.join(path, name), os.path.join(path, discarded))
+        except FileNotFoundError:
+            return
+        name = discarded
+    shutil.rmtree(os.path.join(path, name), ignore_errors=True)
+
+
+def _clean_up(path: str) -> None:
+    """Delete what earlier saves cut off left in `path`: step folders that are not whole,
+    orbax's temporary folders, and folders whose deletion was cut off. Only while holding
+    the writers' lock, so none of them belongs to a save in progress."""
+    for name in os.listdir(path):
+        folder = os.path.join(path, name)
+        if not os.path.isdir(folder) or os.path.islink(folder):
+            continue
+        if (
+            name.startswith(_DISCARDED)
+            or _TEMPORARY in name
+            or (_STEP.match(name) and not _complete(folder))
+        ):
+            _discard(path, name)
+
+
+def _rotate(path: str, keep: int) -> None:
+    """Delete all but the `keep` newest steps of `path`, oldest first."""
+    for step in steps(path)[:-keep]:
+        _discard(path, str(step))
+
+
+def _lock_writer(path: str) -> int | None:
+    """Take the exclusive lock of the directory `path` for this process (its file
+    descriptor, to close when the save is done), or raise if another process holds it."""
+    if fcntl is None:
+        return None
+    descriptor = os.open(os.path.join(path, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(descriptor, 4096).decode(errors="replace").strip() or "unknown"
+        os.close(descriptor)
+        raise RuntimeError(
+            f"save_checkpoint: another program is saving to the checkpoint directory "
+            f"{path!r} ({holder}, which holds {os.path.join(path, LOCK)!r}); two writers "
+            "would pick the same steps and delete each other's. Save each run to a "
+            "directory of its own, or wait until the other save is done."
+        ) from None
+    os.ftruncate(descriptor, 0)
+    os.write(descriptor, f"process {os.getpid()} on host {socket.gethostname()}".encode())
+    return descriptor
+
+
+def _unlock_writer(descriptor: int | None) -> None:
+    if descriptor is not None:
+        os.close(descriptor)  # closing the file releases its flock
+
+
+def _agree(path: str, refused: BaseException | None) -> None:
+    """In a job of several processes, tell every process whether the first one took the
+    writers' lock (each calls this once per save): all of them then save, or all raise."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        failed = multihost_utils.broadcast_one_to_all(np.int32(refused is not None))
+        if int(failed) and refused is None:
+            raise RuntimeError(
+                f"save_checkpoint: the first process of this job could not start the save "
+                f"to {path!r} (see its error): another program is saving to that checkpoint "
+                "directory, or it cannot be written. Nothing was written."
+            )
+    if refused is not None:
+        raise refused
 
 
 def check_directory(path: str) -> None:
@@ -127,32 +267,65 @@ def start_save(
     until it is written (and raises what went wrong, if anything did)."""
     check_directory(path)
     ocp = orbax("save_checkpoint")
-    saved = steps(path) if os.path.isdir(path) else []
-    if step is None:
-        step = saved[-1] + 1 if saved else 0
-    elif saved and step <= saved[-1]:
-        raise ValueError(
-            f"save_checkpoint: {path!r} already holds step {saved[-1]}; a new save needs a "
-            f"greater step than {step}, or leave `step` out to take the next one."
+    local = directory_lock(path)
+    local.acquire()
+    descriptor = None
+    primary = jax.process_index() == 0
+
+    def release() -> None:
+        _unlock_writer(descriptor)
+        local.release()
+
+    try:
+        os.makedirs(path, exist_ok=True)
+        # The processes of one job write the directory together: the first takes the
+        # lock for them all and clears what cut-off saves left, then tells the others.
+        refused = None
+        if primary:
+            try:
+                descriptor = _lock_writer(path)
+                _clean_up(path)
+            except Exception as error:
+                refused = error
+        _agree(path, refused)
+        saved = steps(path)
+        if step is None:
+            step = saved[-1] + 1 if saved else 0
+        elif saved and step <= saved[-1]:
+            raise ValueError(
+                f"save_checkpoint: {path!r} already holds step {saved[-1]}; a new save needs "
+                f"a greater step than {step}, or leave `step` out to take the next one."
+            )
+        # Old steps are deleted here (`_rotate`), not by orbax, which deletes in place.
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=None, create=True, enable_async_checkpointing=True
         )
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=True, enable_async_checkpointing=True
-    )
-    manager = ocp.CheckpointManager(os.path.abspath(path), options=options)
+        manager = ocp.CheckpointManager(os.path.abspath(path), options=options)
+    except BaseException:
+        release()
+        raise
     items = {ENTRIES: ocp.args.JsonSave(document)}
     if arrays:
         items[ARRAYS] = ocp.args.StandardSave(arrays)
     try:
         manager.save(step, args=ocp.args.Composite(**items))
     except BaseException:
-        manager.close()
+        try:
+            manager.close()
+        finally:
+            release()
         raise
 
     def finish() -> None:
         try:
             manager.wait_until_finished()
+            if primary and keep is not None:
+                _rotate(path, keep)
         finally:
-            manager.close()
+            try:
+                manager.close()
+            finally:
+                release()
 
     return step, finish
 
@@ -202,6 +375,18 @@ class DirectoryReader:
 
     def __init__(self, path: str, step: int | None):
         self.path = path
+        self._manager = None
+        # Held until `close`: no save of this process deletes the step while it is read.
+        self._lock: threading.Lock | None = directory_lock(path)
+        self._lock.acquire()
+        try:
+            self._open(step)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, step: int | None) -> None:
+        path = self.path
         saved = steps(path)
         if not saved:
             raise ValueError(
@@ -222,12 +407,8 @@ class DirectoryReader:
         self._ocp = orbax("load_checkpoint")
         options = self._ocp.CheckpointManagerOptions(create=False)
         self._manager = self._ocp.CheckpointManager(os.path.abspath(path), options=options)
-        try:
-            document = self._restore(entries=self._ocp.args.JsonRestore())[ENTRIES]
-            self.entries = self._checked(document)
-        except BaseException:
-            self.close()
-            raise
+        document = self._restore(entries=self._ocp.args.JsonRestore())[ENTRIES]
+        self.entries = self._checked(document)
 
     def _restore(self, **items: Any) -> Any:
         try:
@@ -277,4 +458,12 @@ class DirectoryReader:
         return values, []
 
     def close(self) -> None:
-        self._manager.close()
+        """Close orbax's manager (its threads and event loops) and let saves go on."""
+        try:
+            if self._manager is not None:
+                self._manager.close()
+                self._manager = None
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
