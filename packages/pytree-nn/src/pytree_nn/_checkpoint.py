@@ -1,6 +1,7 @@
 """Checkpoints: `save_checkpoint` and `load_checkpoint`, to one safetensors file (one host) or
 to a directory written with orbax-checkpoint (any number of hosts), now or in the background."""
 
+import atexit
 import concurrent.futures.thread  # noqa: F401  (its exit hook first: see below)
 import functools
 import os
@@ -141,7 +142,8 @@ def _wait_for_every_save() -> None:
 # with stop taking work (they stop in a hook registered when `concurrent.futures.thread` is
 # first imported; such hooks run newest first, and plain `atexit` ones only afterwards): a
 # background save then finishes, instead of failing with tracebacks of orbax's threads.
-threading._register_atexit(_wait_for_every_save)
+# (CPython's hook; elsewhere, a plain `atexit` one.)
+getattr(threading, "_register_atexit", atexit.register)(_wait_for_every_save)
 
 
 def _check_step(function: str, step: Any) -> None:

@@ -88,27 +88,35 @@ def directory_lock(path: str) -> threading.Lock:
 
 def _complete(folder: str) -> bool:
     """Whether a step folder holds a whole save: orbax's record of the step, the entries,
-    and the arrays when the entries say there are some. Orbax itself counts a folder as a
+    and the arrays' metadata when there are arrays. Orbax itself counts a folder as a
     finished step by its name alone (the temporary name of a save being written is renamed
-    to the step once written), which a deletion cut off part-way does not change."""
+    to the step once written), which a deletion cut off part-way does not change. Looks at
+    a few files' presence only (listing runs at every save and load), and reads the entries
+    only for a step without `arrays/`, which a save leaves out when there are none."""
     if os.path.islink(folder) or not os.path.isfile(os.path.join(folder, _STEP_METADATA)):
         return False
+    entries_file = os.path.join(folder, ENTRIES, _ENTRIES_FILE)
+    if not os.path.isfile(entries_file):
+        return False
+    if os.path.isdir(os.path.join(folder, ARRAYS)):
+        return os.path.isfile(os.path.join(folder, ARRAYS, _ARRAYS_METADATA))
     try:
-        with open(os.path.join(folder, ENTRIES, _ENTRIES_FILE), encoding="utf-8") as file:
+        with open(entries_file, encoding="utf-8") as file:
             document = json.load(file)
     except (OSError, ValueError):
         return False
     entries = document.get("entries") if isinstance(document, dict) else None
     if not isinstance(entries, dict):
         return True  # not a form of ours: loading says what is wrong with it
-    has_arrays = any(
-        isinstance(entry, dict)
-        and entry.get("kind") == "array"
-        and isinstance(entry.get("shape"), list)
-        and all(entry.get("data_shape", entry["shape"]))
-        for entry in entries.values()
-    )
-    return not has_arrays or os.path.isfile(os.path.join(folder, ARRAYS, _ARRAYS_METADATA))
+    return not any(_has_elements(entry) for entry in entries.values())
+
+
+def _has_elements(entry: Any) -> bool:
+    """Whether an entry stands for an array that orbax writes (one with elements)."""
+    if not isinstance(entry, dict) or entry.get("kind") != "array":
+        return False
+    shape = entry.get("data_shape", entry.get("shape"))
+    return isinstance(shape, list) and all(shape)
 
 
 def steps(path: str) -> list[int]:
