@@ -285,12 +285,13 @@ def start_save(
         local.release()
 
     try:
-        os.makedirs(path, exist_ok=True)
-        # The processes of one job write the directory together: the first takes the
-        # lock for them all and clears what cut-off saves left, then tells the others.
+        # The processes of one job write the directory together: the first makes it, takes
+        # the lock for them all and clears what cut-off saves left, then tells the others
+        # (which touch nothing before, so that none can fail and leave the others waiting).
         refused = None
         if primary:
             try:
+                os.makedirs(path, exist_ok=True)
                 descriptor = _lock_writer(path)
                 _clean_up(path)
             except Exception as error:
