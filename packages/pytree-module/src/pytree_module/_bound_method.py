@@ -13,6 +13,25 @@ class BoundMethod:
 
     Because the instance is a child, `filter_jit(module.method)` traces the module's arrays
     instead of baking them in. It hashes and compares by (function, instance identity).
+
+    Arguments:
+        func: the function, called as `func(instance, *args, **kwargs)`.
+        instance: the object it is bound to, the pytree child.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_module.extend import BoundMethod
+        >>> class Scale(Module):
+        ...     factor: jnp.ndarray
+        ...     def __call__(self, x):
+        ...         return self.factor * x
+        >>> scale = Scale(jnp.ones(2))
+        >>> call = BoundMethod(type(scale).__call__, scale)
+        >>> jax.tree.leaves(call)
+        [Array([1., 1.], dtype=float32)]
+        >>> call(2.0)
+        Array([2., 2.], dtype=float32)
     """
 
     __slots__ = ("__func__", "__self__", "__weakref__")

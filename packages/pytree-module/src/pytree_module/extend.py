@@ -19,6 +19,11 @@ What is here:
 - The trace-level guard's tokens: `current_trace_token`, `same_trace`, `trace_of`.
 - The mutation count (`mutations`, `touch`): the rule that keeps caches of object graphs
   valid. Every write that changes an existing object's structure ends with `touch()`.
+- `BoundMethod`, the pytree a Module's method is when read from an instance (`m.method`):
+  its only child is the instance. A library that gets a Python-bound method of a Module
+  (Python binds special methods itself: `m.__call__` is a `types.MethodType`) rebuilds it
+  as `BoundMethod(method.__func__, method.__self__)`, so the Module is an input of a
+  transform, as for every other method.
 - `constructor_pdoc`, to print objects the way Modules print.
 - `register_tree_at_rule`: what `tree_at` puts in place of a node of a registered type
   that `where` picked (pytree_graph's Variables keep their type and metadata when replaced
@@ -54,6 +59,7 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ._bound_method import BoundMethod
 from ._layout import Layout, TreedefEntry
 from ._module import Module, _set_trace
 from ._module import construct as _construct
@@ -65,6 +71,7 @@ from ._trace import current_trace_token, same_trace
 from ._tree_at import register_tree_at_rule
 
 __all__ = [
+    "BoundMethod",
     "Layout",
     "MutationCount",
     "TreedefEntry",

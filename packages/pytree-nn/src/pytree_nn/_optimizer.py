@@ -12,6 +12,7 @@ import pytree_graph
 from pytree_filter import Path, is_inexact_array, path_keys, path_text
 from pytree_graph import Param, State, Variable
 from pytree_module import Dict, data, field, static
+from pytree_module import Module as PytreeModule
 
 from ._module import Module
 
@@ -65,6 +66,10 @@ def _at(tree: Any, path: Path) -> Any:
     for key in path:
         tree = tree[key]
     return tree
+
+
+# The default of `Optimizer.update`'s `grads`: a call without it forgot the model.
+_NO_GRADS: Any = object()
 
 
 class Optimizer(Module):
@@ -149,7 +154,7 @@ class Optimizer(Module):
         self._treedef = treedef
         self._state_paths = tuple(paths)
 
-    def update(self, model: Any, grads: Any, /, **kwargs: Any) -> None:
+    def update(self, model: Any, grads: Any = _NO_GRADS, /, **kwargs: Any) -> None:
         """Apply one optimizer step to `model`'s parameters, in place.
 
         Computes `tx.update(grads, opt_state, params, **kwargs)`, adds the updates to the
@@ -159,16 +164,34 @@ class Optimizer(Module):
         Arguments:
             model: the model this optimizer was built with (the same object).
             grads: the gradients, as `pytree_graph.grad(loss)(model, ...)` returns them: a
-                `State` holding a gradient at the path of every optimized Variable.
+                `State` holding a gradient at the path of every optimized Variable. A
+                gradient tree shaped like the model, as `filter_grad(loss)(model, ...)`
+                returns it (the model's Variables holding gradients), is read the same way:
+                its Variables that `wrt` selects, by path (as Flax NNX's `Optimizer` reads
+                `nnx.state(grads, wrt)`).
             **kwargs: extra arguments of the optax transformation, e.g. `value=loss` for
                 `optax.contrib.reduce_on_plateau`, or `value`, `grad` and `value_fn` for
                 `optax.lbfgs`. A `State` passed here (such as `grad=grads`) is given to
                 optax as values, like `grads`.
 
         Raises:
+            TypeError: the model is missing (`update(grads)`), or `grads` is neither a
+                `State` nor a gradient tree shaped like the model.
             ValueError: `model` is another object, or `grads` does not match the
                 optimized Variables (a missing or extra path, or another shape).
         """
+        if grads is _NO_GRADS:
+            raise TypeError(
+                f"Optimizer.update takes the model first, then the gradients: "
+                f"`optimizer.update(model, grads)`; it got one argument, a "
+                f"{type(model).__name__}. Pass the model this Optimizer was built with "
+                "(`optimizer.model`) before the gradients."
+            )
+        if grads is self.model and model is not self.model:
+            raise TypeError(
+                "Optimizer.update takes the model first, then the gradients: "
+                "`optimizer.update(model, grads)`; the model was passed second."
+            )
         if model is not self.model:
             raise ValueError(
                 f"Optimizer.update: the {type(model).__name__} passed is not the model this "
@@ -185,7 +208,7 @@ class Optimizer(Module):
                 + _differences(flat, order, "New: {}. ", "Gone: {}. ")
                 + "Build a new Optimizer for the changed model."
             )
-        grads_flat = _grads_flat(grads)
+        grads_flat = _grads_flat(grads, self.wrt)
         _check_grads(flat, grads_flat)
         params = _values_at(flat, order)
         variables = [_at(self.opt_state, path) for path in self._state_paths]
@@ -220,14 +243,20 @@ def _metadata_of(path: Path, leaf: Any, params: Mapping[Path, Any]) -> dict[str,
     return {}
 
 
-def _grads_flat(grads: Any) -> dict[Path, Any]:
+def _grads_flat(grads: Any, wrt: Any) -> dict[Path, Any]:
     if isinstance(grads, State):
         return grads.flat_state()
     if isinstance(grads, Mapping):
         return State(grads).flat_state()
+    if isinstance(grads, PytreeModule):
+        # A gradient tree shaped like the model (`filter_grad`'s): its Variables hold the
+        # gradients at the paths of the model's.
+        return pytree_graph.state(grads, wrt).flat_state()
     raise TypeError(
         f"Optimizer.update expects the gradients as a State (what "
-        f"`pytree_graph.grad(loss)(model, ...)` returns), got {type(grads).__name__}."
+        f"`pytree_graph.grad(loss)(model, ...)` returns) or as a tree shaped like the model "
+        f"(what `filter_grad(loss)(model, ...)` returns), got {type(grads).__name__} "
+        f"{grads!r:.80}. Call it as `optimizer.update(model, grads)`."
     )
 
 

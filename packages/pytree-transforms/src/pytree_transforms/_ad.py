@@ -18,7 +18,8 @@ from pytree_filter import (
 )
 
 from ._errors import check_callable
-from ._method import BindsAsMethod
+from ._input_writes import checking_writes
+from ._method import BindsAsMethod, method_as_pytree, register_wrapper
 from ._outputs import StaticOutput, split_output
 from ._sharing import SplitTree, find_sharing, first_places, has_repeats, selected_once
 from ._static_key import static_key
@@ -163,6 +164,7 @@ def filter_grad(
     return _Differentiated("filter_grad", fun, arg, has_aux, gradkwargs)
 
 
+@register_wrapper
 class _Differentiated(BindsAsMethod):
     """The function `filter_grad` or `filter_value_and_grad` returns.
 
@@ -180,11 +182,12 @@ class _Differentiated(BindsAsMethod):
         gradkwargs: dict[str, Any],
     ):
         self._transform = transform
+        fun = method_as_pytree(fun)
         self._fun = fun
         self._arg = arg
         self._has_aux = has_aux
         self._gradkwargs = gradkwargs
-        inner, self._rebuild_aux = _aux_splitter(fun, has_aux)
+        inner, self._rebuild_aux = _aux_splitter(checking_writes(fun, transform, 1), has_aux)
         self._split = _split_first(inner, arg)
         functools.update_wrapper(self, fun, updated=())
 
@@ -204,6 +207,16 @@ class _Differentiated(BindsAsMethod):
         # Keyword arguments have no order, so they are keyed sorted by name.
         options = static_key((self._arg, self._has_aux, sorted(self._gradkwargs.items())))
         return self._transform, self._fun, options
+
+    def _options(self) -> tuple[Any, tuple[Any, ...]]:
+        """The key of the options and the arguments but `fun` (see `register_wrapper`)."""
+        transform, _, options = self._key()
+        return (transform, options), (transform, self._arg, self._has_aux, self._gradkwargs)
+
+    @classmethod
+    def _rebuild(cls, arguments: tuple[Any, ...], fun: Any) -> "_Differentiated":
+        transform, arg, has_aux, gradkwargs = arguments
+        return cls(transform, fun, arg, has_aux, gradkwargs)
 
     def __eq__(self, other: object) -> bool:
         return type(other) is _Differentiated and self._key() == other._key()
@@ -278,7 +291,7 @@ def filter_jvp(
         full = list(leaves)
         for i, value in zip(perturbed, values, strict=True):
             full[i] = value
-        out = fn(*treedef.unflatten(full), **kwargs)
+        out = checking_writes(fn, "filter_jvp", len(primals))(*treedef.unflatten(full), **kwargs)
         out_leaves, out_def = jax.tree.flatten(out)
         mask = [isinstance(x, jax.core.Tracer) and x._trace is trace for x in out_leaves]
         static = tuple(x for x, m in zip(out_leaves, mask, strict=True) if not m)
@@ -365,9 +378,10 @@ def filter_vjp(fun: Callable[..., Any], *primals: Any, has_aux: bool = False) ->
     _check_has_aux(has_aux, "filter_vjp")
     inputs = SplitTree(primals, is_inexact_array, "differentiated")
     diff = inputs.selected()
+    checked = checking_writes(fun, "filter_vjp")
 
     def of_diff(diff: Any) -> Any:
-        result = fun(*inputs.rebuild(diff))
+        result = checked(*inputs.rebuild(diff))
         out, aux = result if has_aux else (result, None)
         split_out = split_output(out, is_inexact_array, "filter_vjp")
         if has_aux:
@@ -411,13 +425,14 @@ def _jacobian(
         return lambda f: _jacobian(jax_transform, name, f, has_aux, kwargs)
     check_callable(fun, name)
     _refuse_argnums(kwargs, name)
+    checked = checking_writes(fun, name, 1)
 
     @functools.wraps(fun)
     def jacobian(x: Any, /, *args: Any, **kw: Any) -> Any:
         diff, nondiff = partition(x, is_inexact_array)
 
         def of_diff(diff: Any) -> Any:
-            return fun(combine(diff, nondiff), *args, **kw)
+            return checked(combine(diff, nondiff), *args, **kw)
 
         return jax_transform(of_diff, has_aux=has_aux, **kwargs)(diff)
 

@@ -85,9 +85,11 @@ def _parameters(fun: Callable[..., Any]) -> tuple[tuple[str, ...], Callable[[str
     return positional, lambda name: var_keyword or name in keyword_only
 
 
-def leaf_names(fun: Callable[..., Any], tree: tuple[Any, tuple, dict]) -> list[tuple[str, Any]]:
-    """Each leaf of a call's `(fun, args, kwargs)` with its name as the user's code spells
-    it, in flat order: `params['layers'][1]`, `x`, `self.weight` for a leaf of `fun`.
+def named_arguments(
+    fun: Callable[..., Any], tree: tuple[Any, tuple, dict]
+) -> list[tuple[str, Any]]:
+    """The parts of a call's `(fun, args, kwargs)`, each with its name as the user's code
+    spells it: `self` for `fun`, then each argument, keyword arguments sorted by name.
 
     Arguments are named after `fun`'s parameters, as `jax.jit` names them; arguments
     without a parameter name get `args[i]` / `kwargs['k']`.
@@ -109,9 +111,17 @@ def leaf_names(fun: Callable[..., Any], tree: tuple[Any, tuple, dict]) -> list[t
         named.append((positional[i] if extra < 0 else f"{var_positional}[{extra}]", arg))
     for key in sorted(kwargs):
         named.append((key if key in by_keyword else f"{var_keyword}[{key!r}]", kwargs[key]))
+    return named
+
+
+def leaf_names(fun: Callable[..., Any], tree: tuple[Any, tuple, dict]) -> list[tuple[str, Any]]:
+    """Each leaf of a call's `(fun, args, kwargs)` with its name as the user's code spells
+    it, in flat order: `params['layers'][1]`, `x`, `self.weight` for a leaf of `fun` (see
+    `named_arguments`).
+    """
     return [
         (name + path_text(path, root=""), leaf)
-        for name, value in named
+        for name, value in named_arguments(fun, tree)
         for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]
     ]
 

@@ -9,6 +9,7 @@ import jax
 from pytree_filter import is_array
 
 from ._errors import check_callable
+from ._input_writes import checking_writes
 from ._outputs import split_output
 from ._sharing import SplitTree
 
@@ -51,7 +52,8 @@ def filter_checkpoint(
 
         def inner(dynamic: Any) -> Any:
             call_args, call_kwargs = inputs.rebuild(dynamic)
-            return split_output(fun(*call_args, **call_kwargs), is_array, "filter_checkpoint")
+            out = checking_writes(fun, "filter_checkpoint")(*call_args, **call_kwargs)
+            return split_output(out, is_array, "filter_checkpoint")
 
         out, static_out = jax.checkpoint(inner, prevent_cse=prevent_cse, policy=policy)(
             inputs.selected()

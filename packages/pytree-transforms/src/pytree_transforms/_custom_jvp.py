@@ -13,6 +13,7 @@ from jax.tree_util import PyTreeDef
 from pytree_filter import is_array, is_inexact_array, is_inexact_array_like, path_text
 
 from ._errors import check_callable
+from ._input_writes import checking_writes
 from ._method import BindsAsMethod
 from ._sharing import Sharing, find_sharing, has_repeats
 
@@ -67,7 +68,7 @@ class CustomJVP(BindsAsMethod):
 
         def primal(diff: list[Any], other: list[Any]) -> Any:
             call_args, call_kwargs = inputs.rebuild(diff, other)
-            out = self._fn(*call_args, **call_kwargs)
+            out = checking_writes(self._fn, "filter_custom_jvp")(*call_args, **call_kwargs)
             _check_output(out, self._fn)
             return _unique_leaves(out, out_structure)
 

@@ -21,6 +21,7 @@ from pytree_filter import is_array, is_inexact_array_like, path_text
 from ._arguments import leaf_names
 from ._custom_jvp import RuleInputs
 from ._errors import check_callable
+from ._input_writes import check_input_writes, checking_writes, record_inputs
 from ._method import BindsAsMethod
 from ._outputs import StaticOutput, split_output
 from ._sharing import Sharing, first_places
@@ -167,7 +168,8 @@ class CustomVJP(BindsAsMethod):
 
         def primal(diff: list[Any], other: list[Any]) -> list[Any]:
             call_vjp_arg, call_args, call_kwargs = _rebuild(inputs, diff, other)
-            return split(fn(call_vjp_arg, *call_args, **call_kwargs))
+            out = checking_writes(fn, "filter_custom_vjp")(call_vjp_arg, *call_args, **call_kwargs)
+            return split(out)
 
         def forward(diff: list[Any], other: list[Any]) -> tuple[list[Any], tuple]:
             # With symbolic zeros, JAX passes each input as a `CustomVJPPrimal`, which says
@@ -179,7 +181,10 @@ class CustomVJP(BindsAsMethod):
             diff, other = [x.value for x in diff], [x.value for x in other]
             perturbed_tree = vjp_def.unflatten(perturbed)
             call_vjp_arg, call_args, call_kwargs = _rebuild(inputs, diff, other)
+            # Named after `fn`'s parameters: `fwd` takes `perturbed` first.
+            recorded = record_inputs(None, (call_vjp_arg, *call_args), call_kwargs)
             result = fwd(perturbed_tree, call_vjp_arg, *call_args, **call_kwargs)
+            check_input_writes(recorded, result, "filter_custom_vjp", fn)
             if not (isinstance(result, tuple | list) and len(result) == 2):
                 raise TypeError(
                     f"filter_custom_vjp: {_name(fwd)} must return a pair `(out, residuals)`, "

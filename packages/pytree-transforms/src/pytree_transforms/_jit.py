@@ -27,10 +27,11 @@ from ._arguments import ArgumentSpecs, TracedLeafNames
 from ._donation import check_donate, kept_leaves
 from ._error_if import check_failure_in
 from ._errors import check_callable, check_pytree_objects, present_as
+from ._input_writes import check_input_writes, record_inputs
 from ._jit_diagnose import diagnose_inputs, traced_leaf_names
 from ._jit_plan import Plan
 from ._jit_stages import Lowered
-from ._method import BindsAsMethod
+from ._method import BindsAsMethod, method_as_pytree
 from ._outputs import PackedOutput, pack_output, unpack_output
 from ._sharing import Sharing, find_sharing, has_repeats, selected_once
 from ._static_key import KeyedStatics
@@ -107,8 +108,9 @@ def filter_jit(
 
     def build() -> JitWrapper:
         fn_spec = default if fn is None else fn
-        specs = ArgumentSpecs("filter_jit", fun, default, fn_spec, args, kwargs)
-        return JitWrapper(fun, specs, out, donate, jitkwargs)
+        function = method_as_pytree(fun)
+        specs = ArgumentSpecs("filter_jit", function, default, fn_spec, args, kwargs)
+        return JitWrapper(function, specs, out, donate, jitkwargs)
 
     # Keyword arguments have no order: `filter_jit(f, a=1, b=2)` is `filter_jit(f, b=2, a=1)`.
     return _WRAPPERS.get((fun, options, sorted(jitkwargs.items())), build)
@@ -318,9 +320,12 @@ class JitWrapper(BindsAsMethod):
             else:
                 (leaves,) = dynamic
             fun, args, kwargs = plan.treedef.unflatten(plan.merge(leaves, plan.statics(static_arg)))
+            inputs = record_inputs(fun, args, kwargs)
             if fun is _THE_FUNCTION:
                 fun = self._fun
-            return pack_output(fun(*args, **kwargs), out, "filter_jit")
+            result = fun(*args, **kwargs)
+            check_input_writes(inputs, result, "filter_jit", self._fun)
+            return pack_output(result, out, "filter_jit")
 
         # JAX keeps the signature in a cache entry keyed weakly by `traced`: what it holds
         # must not lead back to `traced` (this wrapper, the plan, its `jax.jit`), or the
@@ -362,6 +367,9 @@ def _is_leaf(fun: Any) -> bool:
     # A `pytree=False` Module is a leaf too, but it stays in the call to be refused there
     # (with a pointer to pytree_graph).
     leaves = jax.tree.leaves(fun)
+    if not leaves and isinstance(fun, BindsAsMethod):
+        # A transform of a plain function (`filter_grad(loss)`) is as fixed as the function.
+        return True
     return len(leaves) == 1 and leaves[0] is fun and not isinstance(fun, Module)
 
 

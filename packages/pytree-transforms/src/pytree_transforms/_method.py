@@ -1,7 +1,13 @@
 """Transformed functions used as methods."""
 
 import functools
+import types
 from typing import Any
+
+import jax
+
+from pytree_module import Module
+from pytree_module.extend import BoundMethod
 
 
 class BindsAsMethod:
@@ -33,3 +39,73 @@ class BindsAsMethod:
         if instance is None:
             return self
         return functools.partial(self, instance)
+
+
+def method_as_pytree(fun: Any) -> Any:
+    """`fun`, where it is a method bound by Python to a pytree, as a pytree bound method.
+
+    A Module's methods are pytrees whose child is the Module (`m.method`), so a transform
+    of one gets the Module as an input. Python binds special methods itself, though:
+    `m.__call__` is a `types.MethodType`, a leaf for JAX, as is any method of another
+    pytree class. Held as a leaf, its object would be fixed: `filter_jit` would compile its
+    arrays in as constants, and later writes to it would not be seen. So such a method is
+    rebuilt as a `BoundMethod`, with the object as its child. (A `pytree=False` Module's
+    method is rebuilt too, so that the transform refuses the Module with its usual error.)
+    """
+    if type(fun) is types.MethodType:
+        instance = fun.__self__
+        if isinstance(instance, Module) or not _is_leaf(instance):
+            return BoundMethod(fun.__func__, instance)
+    return fun
+
+
+def _is_leaf(value: Any) -> bool:
+    return _flatten_one_level(value) is None
+
+
+_flatten_one_level = jax.tree_util.default_registry.flatten_one_level
+
+
+def register_wrapper(cls: type) -> type:
+    """Register a transform's wrapper class as a pytree whose child is the wrapped function,
+    where that function is a pytree (a Module, a bound method of one).
+
+    Then a transform of the wrapper (`filter_jit(filter_grad(model.loss))`) gets the Module
+    as an input, as it would for `model.loss` itself, instead of compiling its arrays in as
+    constants. A wrapper of a plain function has no children: it is its own static part.
+
+    `cls` has the function as `_fun`, a method `_options()` returning `(key, arguments)`:
+    a hashable key of its options (equal for wrappers that behave alike) and the arguments
+    other than the function that rebuild it, and a classmethod `_rebuild(arguments, fun)`.
+    """
+
+    def flatten(wrapper: Any) -> tuple[tuple[Any, ...], Any]:
+        if _is_leaf(wrapper._fun):
+            return (), wrapper
+        key, arguments = wrapper._options()
+        return (wrapper._fun,), _Shell(cls, key, arguments)
+
+    def unflatten(aux: Any, children: tuple[Any, ...]) -> Any:
+        if type(aux) is _Shell:
+            return cls._rebuild(aux.arguments, children[0])
+        return aux
+
+    jax.tree_util.register_pytree_node(cls, flatten, unflatten)
+    return cls
+
+
+class _Shell:
+    """The static part of a wrapper whose function is a pytree: its class and options."""
+
+    __slots__ = ("arguments", "cls", "key")
+
+    def __init__(self, cls: type, key: Any, arguments: tuple[Any, ...]):
+        self.cls = cls
+        self.key = key
+        self.arguments = arguments
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Shell and self.cls is other.cls and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash((self.cls, self.key))

@@ -15,9 +15,10 @@ from ._arguments import ArgumentSpecs
 from ._axes import DEFAULT_AXES, UNSET, axes_of, merge_axis_options, split_mapped_output
 from ._donation import check_donate, kept_leaves
 from ._errors import check_callable, check_pytree_objects, describe_leaf
+from ._input_writes import check_input_writes, record_inputs
 from ._jit_plan import Plan
 from ._jit_stages import Lowered
-from ._method import BindsAsMethod
+from ._method import BindsAsMethod, method_as_pytree
 from ._wrapper_cache import FunctionRef, shared_cache
 
 
@@ -88,7 +89,10 @@ class _Compilations:
         for i, leaf in zip(positions, dynamic, strict=True):
             leaves[i] = leaf
         fun, args, kwargs = treedef.unflatten(leaves)
-        return split_mapped_output(self.out, fun(*args, **kwargs), "filter_pmap")
+        inputs = record_inputs(fun, args, kwargs)
+        out = fun(*args, **kwargs)
+        check_input_writes(inputs, out, "filter_pmap", fun)
+        return split_mapped_output(self.out, out, "filter_pmap")
 
 
 class _PmapWrapper(BindsAsMethod):
@@ -311,5 +315,6 @@ def filter_pmap(
             f"filter_pmap(axis_size=...) must be a positive int (the number of devices), "
             f"got {axis_size!r}."
         )
+    fun = method_as_pytree(fun)
     specs = ArgumentSpecs("filter_pmap", fun, default, fn, args, kwargs)
     return _PmapWrapper(fun, specs, out, axis_size, donate, pmapkwargs)

@@ -13,6 +13,7 @@ import jax
 from pytree_filter import is_array
 
 from ._errors import check_callable
+from ._input_writes import checking_writes
 from ._outputs import StaticOutput, split_output
 from ._sharing import SplitTree
 
@@ -56,7 +57,8 @@ def filter_make_jaxpr(fun: Callable[..., Any]) -> Callable[..., tuple[Any, Any, 
 
         def traced(dynamic: Any) -> tuple[list[Any], StaticOutput]:
             call_args, call_kwargs = inputs.rebuild(dynamic)
-            return split_output(fun(*call_args, **call_kwargs), is_array, "filter_make_jaxpr")
+            out = checking_writes(fun, "filter_make_jaxpr")(*call_args, **call_kwargs)
+            return split_output(out, is_array, "filter_make_jaxpr")
 
         shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), dynamic)
         jaxpr, (out_shapes, out_static) = jax.make_jaxpr(traced, return_shape=True)(shapes)
@@ -95,7 +97,8 @@ def filter_eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
 
     def traced(dynamic: Any) -> tuple[list[Any], StaticOutput]:
         call_args, call_kwargs = inputs.rebuild(dynamic)
-        return split_output(fun(*call_args, **call_kwargs), is_array, "filter_eval_shape")
+        out = checking_writes(fun, "filter_eval_shape")(*call_args, **call_kwargs)
+        return split_output(out, is_array, "filter_eval_shape")
 
     shapes, out_static = jax.eval_shape(traced, dynamic)
     return out_static.rebuild(shapes)

@@ -17,10 +17,12 @@ from ._axes import (
     split_mapped_output,
 )
 from ._errors import check_callable
-from ._method import BindsAsMethod
+from ._input_writes import check_input_writes, record_inputs
+from ._method import BindsAsMethod, method_as_pytree, register_wrapper
 from ._sharing import find_sharing, has_repeats, same_axes_once
 
 
+@register_wrapper
 class _VmapWrapper(BindsAsMethod):
     """The function `filter_vmap` returns."""
 
@@ -35,7 +37,21 @@ class _VmapWrapper(BindsAsMethod):
         self._specs = specs
         self._out = out
         self._vmapkwargs = vmapkwargs
+        # Stands for the options in the wrapper's static part: copies rebuilt from it
+        # (see `register_wrapper`) keep it, so they compare equal.
+        self._token = object()
         functools.update_wrapper(self, fun, updated=())
+
+    def _options(self) -> tuple[Any, tuple[Any, ...]]:
+        """The key of the options and the arguments but `fun` (see `register_wrapper`)."""
+        return self._token, (self._token, self._specs, self._out, self._vmapkwargs)
+
+    @classmethod
+    def _rebuild(cls, arguments: tuple[Any, ...], fun: Any) -> "_VmapWrapper":
+        token, specs, out, vmapkwargs = arguments
+        wrapper = cls(fun, specs, out, vmapkwargs)
+        wrapper._token = token
+        return wrapper
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         tree = (self._fun, args, kwargs)
@@ -61,8 +77,11 @@ class _VmapWrapper(BindsAsMethod):
             for i, leaf in zip(mapped, mapped_leaves, strict=True):
                 full[i] = leaf
             fun, call_args, call_kwargs = unflatten(full)
+            inputs = record_inputs(fun, call_args, call_kwargs)
+            out = fun(*call_args, **call_kwargs)
+            check_input_writes(inputs, out, "filter_vmap", self._fun)
             # The `MappedOutput` has no leaves: it leaves `jax.vmap` in the output treedef.
-            return split_mapped_output(self._out, fun(*call_args, **call_kwargs), "filter_vmap")
+            return split_mapped_output(self._out, out, "filter_vmap")
 
         try:
             with_axis, unmapped, layout = jax.vmap(
@@ -190,5 +209,6 @@ def filter_vmap(
         vmapkwargs["axis_name"] = axis_name
     if axis_size is not None:
         vmapkwargs["axis_size"] = axis_size
+    fun = method_as_pytree(fun)
     specs = ArgumentSpecs("filter_vmap", fun, default, fn, args, kwargs)
     return _VmapWrapper(fun, specs, out, vmapkwargs)
