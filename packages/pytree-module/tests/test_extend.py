@@ -508,3 +508,25 @@ def test_a_tree_at_rule_decides_what_replaces_a_node_of_its_type():
         register_tree_at_rule("_Cell", rule)
     with pytest.raises(TypeError, match="must be a function"):
         register_tree_at_rule(_Cell, None)
+
+
+# ------------------------------------------------------------------------ bound methods
+
+
+def test_bound_method_rebinds_a_python_bound_special_method_as_a_pytree():
+    class Scale(Module):
+        def __init__(self):
+            self.w = jnp.ones(2)
+
+        def __call__(self, x):
+            return self.w * x
+
+    scale = Scale()
+    python_bound = scale.__call__  # Python binds special methods itself: a leaf for JAX
+    assert jax.tree.leaves(python_bound) == [python_bound]
+    bound = extend.BoundMethod(python_bound.__func__, python_bound.__self__)
+    (leaf,) = jax.tree.leaves(bound)
+    assert leaf is scale.w
+    assert bound == extend.BoundMethod(type(scale).__call__, scale)
+    rebuilt = jax.tree.map(lambda x: 3 * x, bound)
+    assert rebuilt.__self__ is not scale and jnp.array_equal(rebuilt(1.0), jnp.full(2, 3.0))
