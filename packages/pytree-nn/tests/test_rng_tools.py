@@ -255,6 +255,66 @@ def test_fork_rngs_as_a_decorator_and_its_errors():
     assert count(rngs.params) == 1
 
 
+class Draws:
+    """Every key drawn from a stream (each key of a stack counted apart)."""
+
+    def __init__(self, stream):
+        self.stream, self.keys = stream, []
+
+    def __call__(self, n):
+        for _ in range(n):
+            self.keys += [tuple(row) for row in data(self.stream()).reshape(-1, 2).tolist()]
+
+    def assert_no_key_twice(self):
+        assert len(set(self.keys)) == len(self.keys), "a key was drawn twice"
+
+
+def test_restoring_twice_never_repeats_a_key():
+    rngs = Rngs(0)
+    draws = Draws(rngs.default)
+    draws(2)
+    backups = split_rngs(rngs, splits=2)
+    draws(2)
+    restore_rngs(backups)
+    draws(3)
+    restore_rngs(backups)  # the same key (and shape) again, but not the same count
+    assert rngs.default.key.value.shape == () and count(rngs.default) == 6
+    draws(3)
+    with split_rngs(rngs, splits=3) as backups:
+        draws(1)
+        restore_rngs(backups)
+        draws(2)
+    draws(2)  # restored twice: explicitly, then by the `with` block
+    with fork_rngs(rngs) as backups:
+        draws(1)
+    restore_rngs(backups)
+    draws(2)
+    draws.assert_no_key_twice()
+
+
+def test_restoring_nested_splits_out_of_order_never_repeats_a_key():
+    rngs = Rngs(0)
+    draws = Draws(rngs.default)
+    outer = split_rngs(rngs, splits=2)
+    draws(1)
+    inner = split_rngs(rngs, splits=3)
+    assert rngs.default.key.value.shape == (3, 2)
+    draws(1)
+    restore_rngs(outer)
+    assert rngs.default.key.value.shape == ()
+    draws(2)
+    restore_rngs(inner)  # back onto the outer split's keys, one key further on
+    assert rngs.default.key.value.shape == (2,)
+    draws(2)
+    restore_rngs(outer)
+    draws(2)
+    restore_rngs(inner)
+    draws(2)
+    restore_rngs(list(inner))  # the entries, out of their SplitBackups
+    draws(1)
+    draws.assert_no_key_twice()
+
+
 def test_restore_rngs_rejects_what_is_not_a_backup():
     with pytest.raises(TypeError, match="restore_rngs expects"):
         restore_rngs([("params", 1, 2)])

@@ -223,3 +223,20 @@ def test_initializer_shortcuts_match_nnxs(name, args, shape):
         for _ in range(2):
             np.testing.assert_array_equal(our_init(shape), their_init(shape))
     same_streams(ours, theirs, ["default", "params"])
+
+
+def test_a_second_restore_repeats_nnxs_keys_but_not_ours():
+    # A deliberate difference: NNX puts back the saved count each time, so its stream
+    # draws the same keys again; ours goes on from the furthest count it reached.
+    def draws_after_two_restores(library):
+        rngs = library.Rngs(0)
+        backups = library.split_rngs(rngs, splits=2)
+        library.restore_rngs(backups)
+        first = data(rngs.default())
+        library.restore_rngs(backups)
+        return first, data(rngs.default())
+
+    first, second = draws_after_two_restores(nnx)
+    np.testing.assert_array_equal(first, second)
+    first, second = draws_after_two_restores(pnn)
+    assert not np.array_equal(first, second)

@@ -3,6 +3,7 @@ of a whole graph (a model, an `Rngs`, the arguments of a function), as Flax NNX'
 `split_rngs`, `fork_rngs`, `reseed`, `with_rngs` and `restore_rngs`."""
 
 import functools
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
@@ -28,12 +29,61 @@ class _Missing:
 _MISSING: Any = _Missing()
 
 
+class _Lineage:
+    """The keys a stream drew from one root key: the furthest count the stream had reached
+    on it when it last moved to another key (None: it never did).
+
+    A restore puts a root key back; the count it puts back is at least this one, so a
+    stream restored twice, or restored out of order, never draws a key it drew before.
+    """
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count: Any = None
+
+    def leave(self, count: jax.Array) -> None:
+        """The stream moves to another key, having drawn up to `count` on this one."""
+        if self.count is None:
+            self.count = count
+        elif self.count.shape == count.shape:  # else a stale lineage (see below): kept
+            self.count = jnp.maximum(self.count, count)
+
+    def resume(self, count: jax.Array) -> jax.Array:
+        """The count to restore: `count`, or further on if the stream got further since."""
+        if self.count is None or self.count.shape != count.shape:
+            return count
+        return jnp.maximum(self.count, count)
+
+
+# The lineage each stream is on now, for the streams the tools here have changed: kept
+# outside the stream (which is a pytree: an attribute would be part of its structure).
+# A stream whose key was changed otherwise (reseed, an assignment) may point to the wrong
+# lineage: a restore then only skips counts, as `leave` and `resume` only ever go up.
+_LINEAGES: "weakref.WeakKeyDictionary[RngStream, _Lineage]" = weakref.WeakKeyDictionary()
+
+
+def _lineage(stream: RngStream) -> _Lineage:
+    lineage = _LINEAGES.get(stream)
+    if lineage is None:
+        lineage = _LINEAGES[stream] = _Lineage()
+    return lineage
+
+
+class _Backup(tuple):
+    """One stream's backup, `(stream, key, count)`, with the lineage of that key."""
+
+    lineage: _Lineage
+
+
 class SplitBackups:
     """What `split_rngs` and `fork_rngs` changed: each stream with the key and count to put
     back. `restore_rngs(backups)` puts them back; so does leaving a `with` block.
 
     The counts put back are those after the one key each stream gave for the split or
-    fork, so the streams go on from there and never repeat a key they handed out.
+    fork, so the streams go on from there and never repeat a key they handed out. Restored
+    again (or after a later split's backups were restored), a stream goes on from the
+    furthest count it reached on that key, not from the count saved.
 
     Examples:
         >>> from pytree_nn import Rngs, split_rngs
@@ -70,9 +120,15 @@ class SplitBackups:
 def restore_rngs(backups: Iterable[tuple[Any, ...]], /) -> None:
     """Put back the keys (and counts) that `split_rngs` or `fork_rngs` replaced.
 
+    A restore never sends a stream back to a key it drew: restoring the same backups
+    twice, or the backups of nested splits out of order, puts back each stream's key (and
+    so its shape), with the furthest count the stream reached on that key. (Flax NNX's
+    `restore_rngs` puts back the saved count, so there such a stream repeats keys.)
+
     Arguments:
         backups: what `split_rngs(node, ...)` or `fork_rngs(node)` returned (or any
-            iterable of `(stream, key)` or `(stream, key, count)`).
+            iterable of `(stream, key)` or `(stream, key, count)`, whose counts are put
+            back as they are).
 
     Examples:
         >>> from pytree_nn import Rngs, fork_rngs, restore_rngs
@@ -91,10 +147,19 @@ def restore_rngs(backups: Iterable[tuple[Any, ...]], /) -> None:
                 "restore_rngs expects what split_rngs or fork_rngs returned (an iterable of "
                 f"(stream, key, count)), got an entry {entry!r}."
             )
-    for stream, key, *count in entries:
+    for entry in entries:
+        stream, key, *count = entry
+        lineage = getattr(entry, "lineage", None)
+        current = _LINEAGES.get(stream)
+        if current is not None:
+            current.leave(stream.count.value)
         stream.key.value = key
         if count:
-            stream.count.value = count[0]
+            stream.count.value = count[0] if lineage is None else lineage.resume(count[0])
+        if lineage is not None:
+            _LINEAGES[stream] = lineage
+        else:
+            _LINEAGES.pop(stream, None)
 
 
 # ------------------------------------------------------------------------- selecting streams
@@ -193,9 +258,14 @@ def _in_place(node: Any, plan: Callable[[Path, RngStream], Any]) -> SplitBackups
     backups = []
     for stream, new_key in plans:
         if new_key is not None:
+            lineage = _lineage(stream)
             key = stream()
-            backups.append((stream, stream.key.value, stream.count.value))
+            lineage.leave(stream.count.value)
+            backup = _Backup((stream, stream.key.value, stream.count.value))
+            backup.lineage = lineage
+            backups.append(backup)
             _set_key(stream, new_key(key))
+            _LINEAGES[stream] = _Lineage()
     return SplitBackups(backups)
 
 
@@ -514,6 +584,7 @@ def reseed(
     ]
     for stream, key in new_keys:
         _set_key(stream, _as_key(key, f"{where}(policy=...) result"))
+        _LINEAGES.pop(stream, None)  # started afresh: what it drew before is not counted
 
 
 def _scalars_only(path: Path, key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
