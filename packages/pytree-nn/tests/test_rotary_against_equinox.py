@@ -103,3 +103,20 @@ def test_attention_with_rotary_equals_equinox_process_heads():
     xs = normal(5, (3, length, features))
     expected = jax.vmap(lambda x: theirs(x, x, x, process_heads=process_heads))(xs)
     np.testing.assert_allclose(ours(xs), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [lambda: jax.numpy_rank_promotion("raise"), lambda: jax.numpy_dtype_promotion("strict")],
+    ids=["rank-raise", "dtype-strict"],
+)
+def test_runs_under_strict_promotion_as_equinoxs_does(setting):
+    x = normal(0, (2, 5, 8))
+    with setting():
+        ours = pnn.RotaryPositionalEmbedding(8)(x)
+        theirs = jax.vmap(eqx.nn.RotaryPositionalEmbedding(8))(x)
+        slopes = jnp.full((8,), 0.2)
+        our_prelu = pnn.PReLU(0.2, num_parameters=8)(x)
+        their_prelu = eqx.nn.PReLU(slopes)(x)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(our_prelu, their_prelu)

@@ -144,6 +144,15 @@ def test_nondifferentiable_backward_lets_forward_mode_through():
     assert jax.vmap(f)(jnp.arange(3.0)).tolist() == [0.0, 1.0, 4.0]
 
 
+def test_nondifferentiable_backward_under_jvp_gives_back_python_scalars_as_python_scalars():
+    # As `jax.jvp(lambda x: x, ...)`: not JAX's internal scalar types (`TypedFloat`).
+    for value in (1.0, 1.0 + 2.0j):
+        out = jax.jvp(nondifferentiable_backward, (value,), (value,))
+        assert [type(o) for o in out] == [type(value)] * 2 and out == (value, value), out
+    primal, tangent = jax.jvp(nondifferentiable_backward, (jnp.ones(2),), (jnp.ones(2),))
+    assert isinstance(primal, jax.Array) and isinstance(tangent, jax.Array)
+
+
 @pytest.mark.parametrize(
     "differentiate",
     [

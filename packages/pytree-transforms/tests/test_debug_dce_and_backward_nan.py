@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pytree_transforms import RuntimeCheckError
 from pytree_transforms.debug import backward_nan, inspect_dce, store_dce
 
 
@@ -75,3 +76,15 @@ def test_backward_nan_raises_on_a_nan_cotangent_unless_asked_not_to(capsys):
     with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="cotangent has a NaN"):
         jax.jit(jax.grad(lambda x: loss(x, True)))(x)
     assert jax.grad(lambda x: loss(x, True))(jnp.array([1.0, 2.0])).tolist() == [0.0, 0.0]
+
+
+def test_backward_nan_checks_a_cotangent_given_as_a_python_float(capsys):
+    _, vjp = jax.vjp(lambda x: backward_nan(x, name="x"), 1.0)
+    with pytest.raises(RuntimeCheckError, match="the cotangent of x has a NaN"):
+        vjp(float("nan"))
+    (passing,) = vjp(2.0)
+    assert passing == 2.0
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="cotangent of x has a NaN"):
+        jax.jit(vjp)(float("nan"))
+    _, unchecked = jax.vjp(lambda x: backward_nan(x, terminate=False), 1.0)
+    assert np.isnan(unchecked(float("nan"))[0])

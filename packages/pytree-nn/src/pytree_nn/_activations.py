@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from pytree_graph import Param
 
 from ._checks import check_features, check_input
-from ._dtypes import promote_dtype
+from ._dtypes import promote_dtype, with_rank
 from ._module import Module
 
 
@@ -81,5 +81,5 @@ class PReLU(Module):
                 f"of shape {shape}; give init_alpha a shape that does, e.g. "
                 f"(channels,) = {shape[-1:]}."
             )
-        x, slope = promote_dtype(x, slope, dtype=self.dtype)
+        x, slope = promote_dtype(x, with_rank(slope, len(shape)), dtype=self.dtype)
         return jnp.where(x >= 0, x, slope * x)

@@ -14,7 +14,7 @@ from pytree_module import data
 from . import initializers
 from ._checks import check_features, check_sharding
 from ._dropout import drop
-from ._dtypes import promote_dtype
+from ._dtypes import at_least_float32, promote_dtype, with_rank
 from ._flat_draws import flat_when_eager
 from ._linear import default_kernel_init, sharded_param
 from ._module import Module
@@ -144,9 +144,12 @@ def combine_masks(*masks: Any, dtype: Any = jnp.float32) -> jax.Array | None:
         raise ValueError(
             f"combine_masks: masks of shapes {shapes} do not broadcast together."
         ) from None
-    combined = present[0].astype(bool)
+    # Each made boolean and of one rank first: float masks and masks of fewer axes then
+    # combine under strict dtype and rank promotion too.
+    ndim = max(mask.ndim for mask in present)
+    combined = with_rank(present[0].astype(bool), ndim)
     for mask in present[1:]:
-        combined = jnp.logical_and(combined, mask)
+        combined = jnp.logical_and(combined, with_rank(mask.astype(bool), ndim))
     return combined.astype(dtype)
 
 
@@ -275,10 +278,11 @@ def dot_product_attention(
     query = query / jnp.sqrt(jnp.asarray(depth, dtype))
     logits = jnp.einsum("...qhd,...khd->...hqk", query, key, precision=precision)
     if bias is not None:
-        logits = logits + jnp.asarray(bias, dtype)
+        logits = logits + with_rank(jnp.asarray(bias, dtype), logits.ndim)
     if mask is not None:
-        logits = jnp.where(jnp.asarray(mask, bool), logits, jnp.finfo(dtype).min)
-    softmax_dtype = jnp.promote_types(dtype, jnp.float32)
+        mask = with_rank(jnp.asarray(mask, bool), logits.ndim)
+        logits = jnp.where(mask, logits, jnp.finfo(dtype).min)
+    softmax_dtype = at_least_float32(dtype)
     weights = jax.nn.softmax(logits.astype(softmax_dtype), axis=-1).astype(dtype)
 
     if dropping:
@@ -395,7 +399,7 @@ class HeadProjection(Module):
         bias = self.bias.value if self.bias is not None else None
         x, kernel, bias = promote_dtype(x, self.kernel.value, bias, dtype=self.dtype)
         y = jnp.tensordot(x, kernel, axes=n, precision=self.precision)
-        return y if bias is None else y + bias
+        return y if bias is None else y + with_rank(bias, y.ndim)
 
 
 class MultiHeadAttention(Module):
@@ -878,5 +882,5 @@ class MultiHeadAttention(Module):
         self.cache_index.value = index + length
         # New position i (absolute index + i) sees the cache up to and including itself.
         positions = index + jnp.arange(length, dtype=index.dtype)
-        visible = jnp.arange(max_length, dtype=index.dtype) <= positions[:, None]
+        visible = with_rank(jnp.arange(max_length, dtype=index.dtype), 2) <= positions[:, None]
         return key, value, combine_masks(mask, visible, dtype=jnp.bool_), overflow

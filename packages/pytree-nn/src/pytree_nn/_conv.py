@@ -11,7 +11,7 @@ from jax import lax
 
 from . import initializers
 from ._checks import check_features, check_input, check_weight
-from ._dtypes import promote_dtype
+from ._dtypes import promote_dtype, with_rank
 from ._linear import default_kernel_init, kernel_and_bias
 from ._module import Module
 from ._rngs import as_rngs
@@ -362,7 +362,7 @@ class Conv(Module):
             "Conv", spatial, y, "use a smaller kernel_size or kernel_dilation, or more padding"
         )
         if bias is not None:
-            y = y + bias
+            y = y + with_rank(bias, y.ndim)
         return y.reshape(batch_shape + y.shape[1:])
 
 
@@ -526,5 +526,5 @@ class ConvTranspose(Module):
             "ConvTranspose", inputs.shape[1:-1], y, "use more padding or a smaller kernel_size"
         )
         if bias is not None:
-            y = y + bias
+            y = y + with_rank(bias, y.ndim)
         return y.reshape(batch_shape + y.shape[1:])

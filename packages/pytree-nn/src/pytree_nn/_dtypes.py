@@ -1,8 +1,14 @@
-"""Choosing the dtype a layer computes in."""
+"""Choosing the dtype a layer computes in, and giving its operands one rank.
+
+Layers combine their operands explicitly, so that they work whatever the user's promotion
+settings: under `jax_numpy_rank_promotion="raise"` an operand of lower rank (a bias, a
+per-channel slope) must be given its leading axes before it broadcasts.
+"""
 
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 
 def promote_dtype(*arrays: Any, dtype: Any = None) -> list[Any]:
@@ -27,5 +33,50 @@ def promote_dtype(*arrays: Any, dtype: Any = None) -> list[Any]:
         (dtype('float32'), dtype('float32'))
     """
     if dtype is None:
-        dtype = jnp.result_type(*(a for a in arrays if a is not None))
+        try:
+            dtype = jnp.result_type(*(a for a in arrays if a is not None))
+        except ValueError as error:  # JAX's TypePromotionError (public from JAX 0.11)
+            raise type(error)(
+                f"{error} A layer whose input and parameters differ in dtype computes in "
+                "their promoted dtype, which jax_numpy_dtype_promotion='strict' refuses: "
+                "give the layer dtype=... (the dtype to compute in), or cast the input to "
+                "its parameters' dtype (param_dtype)."
+            ) from None
     return [None if a is None else jnp.asarray(a, dtype) for a in arrays]
+
+
+def with_rank(a: Any, ndim: int) -> Any:
+    """`a` with axes of size 1 in front, up to `ndim` axes: it broadcasts against an array
+    of rank `ndim` with no rank promotion (which `jax_numpy_rank_promotion="raise"`
+    refuses). `None` (a missing bias) passes through.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn._dtypes import with_rank
+        >>> with_rank(jnp.ones(3), 3).shape
+        (1, 1, 3)
+    """
+    if a is None or jnp.ndim(a) >= ndim:
+        return a
+    return jnp.reshape(a, (1,) * (ndim - jnp.ndim(a)) + jnp.shape(a))
+
+
+def at_least_float32(dtype: Any) -> np.dtype:
+    """`jnp.promote_types(dtype, jnp.float32)` for a floating or complex `dtype`, found
+    without promotion, which `jax_numpy_dtype_promotion="strict"` refuses for
+    half-precision types: the dtype half-precision inputs are computed in.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn._dtypes import at_least_float32
+        >>> at_least_float32(jnp.bfloat16), at_least_float32(jnp.float32)
+        (dtype('float32'), dtype('float32'))
+    """
+    dtype = np.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return dtype if dtype.itemsize >= 8 else np.dtype(np.complex64)
+    return (
+        dtype
+        if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize >= 4
+        else np.dtype(np.float32)
+    )

@@ -12,7 +12,7 @@ from pytree_graph import Param
 
 from . import initializers
 from ._checks import check_features, check_input, check_sharding, check_weight
-from ._dtypes import promote_dtype
+from ._dtypes import promote_dtype, with_rank
 from ._flat_draws import flat_when_eager
 from ._module import Module
 from ._rngs import as_rngs
@@ -132,7 +132,7 @@ class Linear(Module):
         bias = self.bias.value if self.bias is not None else None
         x, kernel, bias = promote_dtype(x, kernel, bias, dtype=self.dtype)
         y = jnp.matmul(x, kernel, precision=self.precision)
-        return y if bias is None else y + bias
+        return y if bias is None else y + with_rank(bias, y.ndim)
 
 
 def _checked_kernel(layer: Linear) -> jax.Array:

@@ -12,7 +12,7 @@ from pytree_graph import BatchStat, Param
 
 from . import initializers
 from ._checks import check_features, check_number, check_sharding
-from ._dtypes import promote_dtype
+from ._dtypes import at_least_float32, promote_dtype
 from ._flat_draws import flat_when_eager
 from ._linear import sharded_param
 from ._module import Module
@@ -88,7 +88,7 @@ def _moments(
     Computed in at least float32, so half-precision inputs keep accurate statistics.
     Without `center` the mean is None and the "variance" is the mean square.
     """
-    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    x = x.astype(at_least_float32(x.dtype))
 
     def average(*values: jax.Array) -> list[jax.Array]:
         means = [jnp.mean(v, axes, keepdims=True) for v in values]
@@ -119,14 +119,19 @@ def _normalize(
 
     The result has the dtype of `x` (float32 for integer inputs).
     """
+    out_dtype = x.dtype if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.float32
+    # In the statistics' dtype (at least float32; complex for complex inputs), cast to
+    # explicitly: the numbers promotion gives, and no promotion for the setting
+    # `jax_numpy_dtype_promotion="strict"` to refuse.
+    compute = at_least_float32(out_dtype)
     feature_shape = [x.shape[a] if a in feature_axes else 1 for a in range(x.ndim)]
-    multiplier = lax.rsqrt(variance + epsilon)
+    multiplier = lax.rsqrt(variance + epsilon).astype(compute)
     if scale is not None:
-        multiplier = multiplier * scale.reshape(feature_shape)
+        multiplier = multiplier * scale.reshape(feature_shape).astype(compute)
+    x = x.astype(compute)
     y = (x if mean is None else x - mean) * multiplier
     if bias is not None:
-        y = y + bias.reshape(feature_shape)
-    out_dtype = x.dtype if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.float32
+        y = y + bias.reshape(feature_shape).astype(compute)
     return y.astype(out_dtype)
 
 

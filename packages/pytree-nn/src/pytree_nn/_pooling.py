@@ -17,6 +17,7 @@ from ._conv import (
     merge_batch_dims,
     spatial_tuple,
 )
+from ._dtypes import with_rank
 
 
 def _identity_of(name: str, dtype: Any, lowest: bool) -> np.ndarray:
@@ -179,4 +180,4 @@ def avg_pool(
     counts = _pool(
         "avg_pool", jnp.ones((*spatial, 1), sums.dtype), zero, lax.add, window, strides, padding
     )
-    return sums / counts
+    return sums / with_rank(counts, sums.ndim)

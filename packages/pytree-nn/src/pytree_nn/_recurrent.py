@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from . import initializers
 from ._checks import check_features, check_input, check_sharding
-from ._dtypes import promote_dtype
+from ._dtypes import promote_dtype, with_rank
 from ._flat_draws import flat_when_eager
 from ._linear import Linear, default_kernel_init
 from ._module import Module
@@ -380,6 +380,7 @@ def _flip(x: jax.Array, lengths: jax.Array | None) -> jax.Array:
         return jnp.flip(x, 0)
     steps = x.shape[0]
     t = jnp.arange(steps).reshape((steps,) + (1,) * lengths.ndim)
+    lengths = with_rank(lengths, t.ndim)
     source = jnp.where(t < lengths, lengths - 1 - t, steps - 1 + lengths - t)
     source = source.reshape(source.shape + (1,) * (x.ndim - source.ndim))
     return jnp.take_along_axis(x, source, axis=0)

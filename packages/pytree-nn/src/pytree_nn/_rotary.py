@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import check_features
-from ._dtypes import promote_dtype
+from ._dtypes import promote_dtype, with_rank
 from ._module import Module
 
 
@@ -100,10 +100,13 @@ class RotaryPositionalEmbedding(Module):
             self.theta
             ** (jnp.arange(0, self.embedding_size, 2, dtype=jnp.float32) / self.embedding_size)
         )
-        angles = positions.astype(jnp.float32)[..., None] * inverse_frequencies
-        compute_dtype = jnp.promote_types(x.dtype, jnp.float32)
-        cos = jnp.cos(angles).astype(compute_dtype)
-        sin = jnp.sin(angles).astype(compute_dtype)
+        positions = positions.astype(jnp.float32)[..., None]
+        angles = positions * with_rank(inverse_frequencies, positions.ndim)
+        # At least float32, chosen without `jnp.promote_types`, which the setting
+        # `jax_numpy_dtype_promotion="strict"` makes refuse bfloat16 with float32.
+        compute_dtype = x.dtype if jnp.finfo(x.dtype).bits >= 32 else jnp.dtype(jnp.float32)
+        cos = with_rank(jnp.cos(angles).astype(compute_dtype), x.ndim)
+        sin = with_rank(jnp.sin(angles).astype(compute_dtype), x.ndim)
         first, second = jnp.split(x.astype(compute_dtype), 2, axis=-1)
         rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], -1)
         return rotated.astype(x.dtype)

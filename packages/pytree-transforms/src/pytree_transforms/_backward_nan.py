@@ -6,7 +6,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from pytree_filter import is_array
+from pytree_filter import is_array, is_inexact_array_like
 from pytree_module import Module, tree_pformat
 
 from ._custom_vjp import filter_custom_vjp
@@ -41,7 +41,14 @@ def _watched_bwd(
         text = f"{name}:\n" + text
     # `ordered`: printed in the order the backward pass reaches each watched value.
     jax.debug.print(text, x=_Values(x), grad_x=_Values(grad_x), ordered=True)
-    cotangents = [g for g in jax.tree.leaves(grad_x) if is_array(g)]
+    if terminate:
+        # A cotangent may come as a Python float (`jax.vjp`'s caller gives one): made an
+        # array, it is checked, and `error_if` has an array to tie the check to.
+        grad_x = jax.tree.map(
+            lambda g: jnp.asarray(g) if is_inexact_array_like(g) and not is_array(g) else g,
+            grad_x,
+        )
+    cotangents = [g for g in jax.tree.leaves(grad_x) if is_inexact_array_like(g)]
     if terminate and cotangents:
         has_nan = jnp.any(jnp.stack([jnp.isnan(g).any() for g in cotangents]))
         what = "" if name is None else f" of {name}"

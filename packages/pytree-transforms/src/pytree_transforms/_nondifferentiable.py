@@ -73,8 +73,19 @@ def _identity(x: Any, *, message: str) -> Any:
     return x
 
 
+def _impl(x: Any, *, message: str) -> Any:
+    # Binding makes a Python scalar one of JAX's own scalar types (subclasses of `float`,
+    # `int`, `complex`, which JAX keeps internal); the identity gives back a Python scalar,
+    # as `lambda x: x` does under `jax.jvp`.
+    if type(x) is not bool:
+        for scalar in (float, int, complex):
+            if isinstance(x, scalar) and type(x) is not scalar:
+                return scalar(x)
+    return x
+
+
 _nondifferentiable_backward_p = jax.extend.core.Primitive("nondifferentiable_backward")
-_nondifferentiable_backward_p.def_impl(_identity)
+_nondifferentiable_backward_p.def_impl(_impl)
 _nondifferentiable_backward_p.def_abstract_eval(_identity)
 mlir.register_lowering(
     _nondifferentiable_backward_p, mlir.lower_fun(_identity, multiple_results=False)
