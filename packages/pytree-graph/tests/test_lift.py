@@ -3,6 +3,7 @@ with values, leaves and objects in leaf order and a loop's carry written back by
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 import pytree_graph as pg
 from pytree_graph.extend import Call, Inside, LiftedCall, lift
@@ -123,3 +124,11 @@ def test_the_first_walk_and_its_cache_hits_give_a_jit_the_same_inputs():
     (structure, inputs), (hit_structure, hit_inputs) = first.jit_inputs(), hit.jit_inputs()
     assert structure == hit_structure
     assert all(a is b for a, b in zip(inputs, hit_inputs, strict=True))
+
+
+@pytest.mark.parametrize("bounds", [("a", 3), (0, 2.5), (0, jnp.ones(2, jnp.int32))])
+def test_fori_loop_refuses_bounds_that_are_not_integer_scalars(bounds):
+    name = "lower" if bounds[0] == "a" else "upper"
+    with pytest.raises(TypeError, match=rf"fori_loop: `{name}` must be an integer scalar"):
+        pg.fori_loop(*bounds, lambda i, c: c, 0.0)
+    assert pg.fori_loop(0, jnp.array(3), lambda i, c: c + i, 0) == 3

@@ -214,3 +214,9 @@ def test_adaptive_pool_input_errors():
         AdaptiveMaxPool((3, 3))(jnp.ones((2, 5, 3)))
     with pytest.raises(ValueError, match="empty spatial axis"):
         AdaptiveMaxPool1d(1)(jnp.ones((0, 3)))
+
+
+@pytest.mark.parametrize("num_parameters", [None, 2])
+def test_prelu_refuses_an_init_alpha_that_is_not_a_number(num_parameters):
+    with pytest.raises(TypeError, match=r"PReLU\(init_alpha=\.\.\.\) must be a number .* str 'a'"):
+        PReLU(init_alpha="a", num_parameters=num_parameters)

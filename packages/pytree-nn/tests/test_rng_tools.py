@@ -476,3 +476,23 @@ def test_distribution_names_are_methods_not_stream_names():
     for name in ("beta", "t", "poisson"):
         with pytest.raises(ValueError, match=f"cannot be called '{name}'"):
             Rngs(0, **{name: 1})
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: split_rngs(5, splits=2),
+        lambda: split_rngs(Linear(2, 3, rngs=0), splits=2),
+        lambda: fork_rngs(None),
+        lambda: fork_rngs(Linear(2, 3, rngs=0)),
+    ],
+    ids=["split-int", "split-no-streams", "fork-none", "fork-no-streams"],
+)
+def test_splitting_or_forking_a_node_without_streams_is_refused(call):
+    with pytest.raises(ValueError, match=r"`node` holds no RngStream.*Pass the Rngs"):
+        call()
+
+
+def test_restore_rngs_of_what_is_not_iterable_names_what_it_expects():
+    with pytest.raises(TypeError, match=r"restore_rngs expects .* got int 5"):
+        restore_rngs(5)

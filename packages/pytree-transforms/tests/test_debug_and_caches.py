@@ -261,3 +261,9 @@ def test_breakpoint_if_with_a_false_predicate_runs_under_jit():
 
     assert f(jnp.ones(2)).tolist() == [2.0, 2.0]
     assert callable(breakpoint_if)
+
+
+@pytest.mark.parametrize("mark", [nondifferentiable, nondifferentiable_backward])
+def test_a_name_that_is_not_a_str_is_refused(mark):
+    with pytest.raises(TypeError, match=r"\(name=\.\.\.\) must be a str .* got int 5"):
+        mark(1.0, name=5)

@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pytree_module import Module
 from pytree_transforms.extend import BindsAsMethod
@@ -200,6 +201,19 @@ def fori_loop(
         >>> fori_loop(0, 5, body, acc) is acc, int(acc.total.value)
         (True, 10)
     """
+    for name, bound in (("lower", lower), ("upper", upper)):
+        dtype = getattr(bound, "dtype", None)
+        integer = (
+            isinstance(bound, int) and not isinstance(bound, bool)
+            if dtype is None
+            else np.issubdtype(dtype, np.integer) and np.ndim(bound) == 0
+        )
+        if not integer:
+            raise TypeError(
+                f"fori_loop: `{name}` must be an integer scalar (a Python int or an integer "
+                f"array of shape ()), got {type(bound).__name__} {bound!r:.60}. The loop "
+                "runs i = lower, ..., upper - 1: fori_loop(0, n, body_fun, init_val)."
+            )
     lifted = lift_once(numbers_as_arrays(init_val))
     body = _loop_body(body_fun, lifted, "fori_loop")
     final = jax.lax.fori_loop(lower, upper, body, lifted.values, **kwargs)

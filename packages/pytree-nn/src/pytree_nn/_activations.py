@@ -47,6 +47,16 @@ class PReLU(Module):
         dtype: Any = None,
         param_dtype: Any = jnp.float32,
     ):
+        init_dtype = getattr(init_alpha, "dtype", None)
+        if not (
+            (isinstance(init_alpha, int | float) and not isinstance(init_alpha, bool))
+            or (init_dtype is not None and jnp.issubdtype(init_dtype, jnp.number))
+        ):
+            raise TypeError(
+                "PReLU(init_alpha=...) must be a number or a numeric array (the initial "
+                f"slope), got {type(init_alpha).__name__} {init_alpha!r:.60}; e.g. "
+                "PReLU(init_alpha=0.25)."
+            )
         if num_parameters is None:
             slope = jnp.asarray(init_alpha, param_dtype)
         else:

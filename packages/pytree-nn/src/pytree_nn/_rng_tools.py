@@ -138,7 +138,15 @@ def restore_rngs(backups: Iterable[tuple[Any, ...]], /) -> None:
         >>> int(rngs.default.count.value)  # back on its own key, one key further on
         1
     """
-    entries = list(backups)
+    try:
+        entries = list(backups)
+    except TypeError:
+        raise TypeError(
+            "restore_rngs expects what split_rngs or fork_rngs returned (a SplitBackups, or "
+            f"an iterable of (stream, key, count)), got {type(backups).__name__} "
+            f"{backups!r:.60}: backups = split_rngs(model, splits=n); ...; "
+            "restore_rngs(backups)."
+        ) from None
     for entry in entries:
         if not (
             isinstance(entry, tuple) and len(entry) in (2, 3) and isinstance(entry[0], RngStream)
@@ -200,7 +208,15 @@ def _streams(node: Any) -> list[tuple[Path, RngStream]]:
 def _check_names(
     selectors: Iterable[_Selector], streams: list[tuple[Path, RngStream]], where: str
 ) -> None:
-    """A stream name that names no stream of the graph is a typo: say so, change nothing."""
+    """A stream name that names no stream of the graph is a typo, and a graph with no
+    stream at all the wrong argument: say so, change nothing."""
+    if not streams:
+        raise ValueError(
+            f"{where}: `node` holds no RngStream, so there is nothing to split or fork. Pass "
+            "the Rngs, or a model (or pytree) holding one, e.g. "
+            f"{where}(rngs, ...) with rngs = Rngs(0); a layer built without keys to draw "
+            "later (such as Linear) keeps none."
+        )
     tags = sorted({stream.tag for _, stream in streams})
     for selector in selectors:
         unknown = sorted(selector.names.difference(tags))

@@ -21,6 +21,14 @@ from jax.interpreters import ad, batching, mlir
 from pytree_filter import is_array
 
 
+def _check_name(name: Any, function: str) -> None:
+    if name is not None and not isinstance(name, str):
+        raise TypeError(
+            f"{function}(name=...) must be a str (what the value is, for the error message) "
+            f'or None, got {type(name).__name__} {name!r:.60}; e.g. name="the step size".'
+        )
+
+
 def _with_arrays(fun: Any, x: Any) -> Any:
     """Apply `fun` to the array leaves of `x`, keeping every other leaf as it is."""
     return jax.tree.map(lambda leaf: fun(leaf) if is_array(leaf) else leaf, x)
@@ -60,6 +68,7 @@ def nondifferentiable(x: Any, *, name: str | None = None) -> Any:
         ...
         RuntimeError: the step size cannot be differentiated, ...
     """
+    _check_name(name, "nondifferentiable")
     message = (
         f"{name or 'A value marked `nondifferentiable`'} cannot be differentiated, but a "
         "derivative (forward or reverse mode) reached it. Keep it out of what is "
@@ -143,6 +152,7 @@ def nondifferentiable_backward(x: Any, *, name: str | None = None) -> Any:
         ...
         RuntimeError: the input cannot be differentiated in reverse mode ...
     """
+    _check_name(name, "nondifferentiable_backward")
     message = (
         f"{name or 'A value marked `nondifferentiable_backward`'} cannot be differentiated "
         "in reverse mode (`jax.grad`, `jax.vjp`, `filter_grad`), but a cotangent reached "
