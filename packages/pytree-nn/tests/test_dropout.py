@@ -133,3 +133,9 @@ def test_seeds_and_keys_give_a_stream_of_the_layers_own(rngs):
     layer = Dropout(0.5, rngs=rngs)
     assert isinstance(layer.rngs, Rngs) and layer.rngs.streams() == ["default"]
     np.testing.assert_array_equal(layer(X), drop(RngStream(Rngs(0)())(), X, 0.5))
+
+
+def test_a_key_given_as_key_says_to_pass_rngs():
+    layer = Dropout(0.5, rngs=Rngs(0))
+    with pytest.raises(TypeError, match=r"rngs=\.\.\., not key="):
+        layer(jnp.ones(4), key=jax.random.key(0))

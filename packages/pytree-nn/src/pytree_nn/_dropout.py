@@ -87,7 +87,12 @@ class Dropout(Module):
         self.rngs = data(None if rngs is None else forked_rngs(rngs, rng_collection, "Dropout"))
 
     def __call__(
-        self, x: jax.Array, *, deterministic: bool | None = None, rngs: Any = None
+        self,
+        x: jax.Array,
+        *,
+        deterministic: bool | None = None,
+        rngs: Any = None,
+        key: Any = None,
     ) -> jax.Array:
         """Apply dropout to `x`.
 
@@ -96,7 +101,15 @@ class Dropout(Module):
             deterministic: override the layer's mode for this call.
             rngs: keys for this call (an `Rngs`, `RngStream`, key or seed) instead of the
                 layer's own stream.
+            key: refused with a TypeError that says to pass `rngs=` (Equinox's `Dropout`
+                takes its key as `key=`).
         """
+        if key is not None:
+            raise TypeError(
+                "Dropout takes the keys for a call as rngs=..., not key=... (Equinox's "
+                "name): dropout(x, rngs=key) with a PRNG key, an Rngs or a seed; or no "
+                "argument, to draw from the layer's own stream."
+            )
         if deterministic is None:
             deterministic = self.deterministic
         if deterministic or self.rate == 0.0:
