@@ -244,7 +244,9 @@ def test_tree_at_replacing_a_variable_by_a_value_keeps_the_variable():
     assert tree_at(lambda m: m.bias, model, None).bias is None
     assert type(tree_at(lambda m: m.bias, model, TiedCoder()).bias) is TiedCoder
     # Variables as leaves (`is_leaf`) are kept the same way.
-    as_leaf = tree_at(lambda m: m.kernel, model, jnp.zeros((2, 2)), is_leaf=lambda x: isinstance(x, Variable))
+    as_leaf = tree_at(
+        lambda m: m.kernel, model, jnp.zeros((2, 2)), is_leaf=lambda x: isinstance(x, Variable)
+    )
     assert type(as_leaf.kernel) is Param and as_leaf.kernel is as_leaf.dec_kernel
     # Two paths to one Variable cannot get two values.
     with pytest.raises(ValueError, match="twice, by two paths to one shared object"):
