@@ -37,8 +37,8 @@ _GRAPH_TRANSFORMS = {
     "filter_vmap": "pytree_graph.vmap",
     "filter_eval_shape": "pytree_graph.eval_shape",
     "filter_checkpoint": "pytree_graph.remat",
-    "filter_make_jaxpr": "pytree_graph.jit",
-    "filter_pmap": "pytree_graph.jit",
+    "filter_make_jaxpr": "pytree_graph.make_jaxpr",
+    "filter_pmap": "pytree_graph.pmap",
 }
 
 # Transforms whose function returns `(value, aux)` with `has_aux=True`: what they return
