@@ -811,3 +811,21 @@ def test_generic_modules_accept_orig_class_outside_their_structure(frozen):
     assert "__orig_class__" not in repr(box)
     check_module(box)
     assert jax.jit(lambda m: m)(box).value == 1
+
+
+def test_a_container_that_holds_itself_is_refused_on_assignment():
+    class Holder(Module):
+        def __init__(self, value):
+            self.value = value
+
+    looped_list = [1.0]
+    looped_list.append(looped_list)
+    looped_dict = {"a": 1.0}
+    looped_dict["self"] = (looped_dict,)
+    for looped in (looped_list, looped_dict):
+        with pytest.raises(ValueError, match="Attribute 'value' of Holder holds a list, tuple"):
+            Holder(looped)
+        holder = Holder(2.0)
+        with pytest.raises(ValueError, match="contains itself"):
+            holder.value = looped
+        assert holder.value == 2.0

@@ -491,7 +491,18 @@ def _check_assignable(module: Module, name: str, value: Any) -> None:
     """Checks every assignment runs, whatever the status."""
     if type(value) in _CALLABLE_TYPES:
         _check_callable(module, name, value)
-    if contains_wrapper(value):
+    try:
+        wrapped = contains_wrapper(value)
+    except RecursionError:
+        # Only a container that holds itself nests this deep; the walk is not worth
+        # guarding on every assignment, so the rare case is told apart here.
+        raise ValueError(
+            f"Attribute '{name}' of {type(module).__name__} holds a list, tuple or dict "
+            "that contains itself (directly or through other containers): a pytree cannot "
+            "hold a cycle, as flattening it would never end. Break the cycle, or hold the "
+            "shared part in a `pytree=False` Module, whose cycles pytree_graph supports."
+        ) from None
+    if wrapped:
         raise ValueError(
             f"Attribute '{name}' of {type(module).__name__}: found data(...)/static(...) "
             "inside a container. These wrappers mark a whole attribute and must be the "
@@ -645,13 +656,13 @@ def _set_after_init(module: Module, name: str, value: Any) -> None:
         return
     layout = module._pm_flat[1].layout
     forced, value = _unwrap(module, name, value)
+    _check_assignable(module, name, value)
     status = _status_for(info, name, value, forced, layout)
     if not status:
         if forced is None:
             _refuse_data_in_static(module, name, value)
         check_static_value(value, _describe(module, name))
         value = freeze_static(value, cls.__name__, name)
-    _check_assignable(module, name, value)
     was_data = name in layout.data_keys
     object.__setattr__(module, name, value)
     if status and was_data:
