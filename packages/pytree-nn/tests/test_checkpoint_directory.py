@@ -302,6 +302,26 @@ def test_without_orbax_a_directory_names_the_extra_and_writes_nothing(tmp_path, 
 _LIMIT_S = 240
 
 
+def _in_threads(save, models):
+    """Run `save(model)` for each model in a thread of its own, all at once; every thread
+    must end within the time limit without an error."""
+    errors = []
+
+    def run(model):
+        try:
+            save(model)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(model,)) for model in models]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=_LIMIT_S)
+    assert not any(thread.is_alive() for thread in threads), "a save hung"
+    assert errors == []
+
+
 def _kernel_bytes(model):
     return np.asarray(model.kernel.value).tobytes()
 
@@ -311,22 +331,12 @@ def test_threads_saving_to_one_directory_take_turns(tmp_path):
     every save is a step of its own, and every listed step loads one of the saves."""
     path = directory(tmp_path)
     models = [Linear(16, 16, rngs=seed) for seed in range(4)]
-    errors = []
 
     def save(model):
-        try:
-            save_checkpoint(path, model, keep=None, wait=False).wait()
-            save_checkpoint(path, model, keep=None)
-        except BaseException as error:
-            errors.append(error)
+        save_checkpoint(path, model, keep=None, wait=False).wait()
+        save_checkpoint(path, model, keep=None)
 
-    threads = [threading.Thread(target=save, args=(model,)) for model in models]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=_LIMIT_S)
-    assert not any(thread.is_alive() for thread in threads), "a save hung"
-    assert errors == []
+    _in_threads(save, models)
     assert checkpoint_steps(path) == list(range(8))
     saved = {_kernel_bytes(model) for model in models}
     loaded = [
@@ -340,22 +350,12 @@ def test_threads_saving_to_one_directory_take_turns(tmp_path):
 def test_threads_saving_with_keep_leave_steps_that_load(tmp_path):
     path = directory(tmp_path)
     models = [Linear(16, 16, rngs=seed) for seed in range(3)]
-    errors = []
 
     def save(model):
-        try:
-            for _ in range(2):
-                save_checkpoint(path, model, keep=2)
-        except BaseException as error:
-            errors.append(error)
+        for _ in range(2):
+            save_checkpoint(path, model, keep=2)
 
-    threads = [threading.Thread(target=save, args=(model,)) for model in models]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=_LIMIT_S)
-    assert not any(thread.is_alive() for thread in threads), "a save hung"
-    assert errors == []
+    _in_threads(save, models)
     assert checkpoint_steps(path) == [4, 5]
     saved = {_kernel_bytes(model) for model in models}
     for step in (4, 5):
