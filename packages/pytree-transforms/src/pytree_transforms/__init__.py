@@ -20,6 +20,7 @@ from ._error_if import RuntimeCheckError as RuntimeCheckError
 from ._error_if import branched_error_if as branched_error_if
 from ._error_if import error_if as error_if
 from ._jit import filter_jit as filter_jit
+from ._noinline import noinline as noinline
 from ._nondifferentiable import nondifferentiable as nondifferentiable
 from ._nondifferentiable import nondifferentiable_backward as nondifferentiable_backward
 from ._pmap import filter_pmap as filter_pmap

@@ -3,6 +3,7 @@
 import jax
 
 from ._jit import forget_wrappers
+from ._noinline import forget_traces
 from ._sharing import clear_interned
 from ._wrapper_cache import clear_shared
 
@@ -11,11 +12,12 @@ def clear_caches() -> None:
     """Clear this package's caches and JAX's: every function is traced again on its next call.
 
     This package keeps the wrappers `filter_jit` made (so that wrapping a function again
-    reuses its compilations), the compilations `filter_pmap` shares between wrappers, and
-    the layouts of inputs that share objects; JAX keeps its traces and executables. All of
-    them are cleared, so memory held by compiled programs can be freed. Wrappers already made
-    keep working: their next call traces and compiles again. (`if_array`'s functions are
-    kept: they are a few small functions, and keeping them keeps `if_array(0)` one value.)
+    reuses its compilations), the compilations `filter_pmap` shares between wrappers, the
+    layouts of inputs that share objects and the traces of `noinline` functions; JAX keeps
+    its traces and executables. All of them are cleared, so memory held by compiled programs
+    can be freed. Wrappers already made keep working: their next call traces and compiles
+    again. (`if_array`'s functions are kept: they are a few small functions, and keeping
+    them keeps `if_array(0)` one value.)
 
     Returns:
         None.
@@ -37,6 +39,7 @@ def clear_caches() -> None:
         2
     """
     forget_wrappers()
+    forget_traces()
     clear_shared()
     clear_interned()
     jax.clear_caches()
