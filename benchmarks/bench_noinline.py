@@ -241,13 +241,15 @@ def growth_lines(rows: list[Row]) -> list[str]:
 def benchmark(invocation: Invocation) -> str:
     rows, timings = run(invocation)
     width = QUICK_WIDTH if invocation.quick else FULL_WIDTH
+    runs = QUICK_RUNS if invocation.quick else FULL_RUNS
     description = (
         f"An explicit Runge-Kutta step of {' and '.join(map(str, STAGES))} stages on a state "
         f"of size {width}; the vector field an MLP ({DEPTH} hidden layers of width {width}, "
         "tanh), called once per stage: inlined into the step's program, or "
         "`pytree_transforms.noinline`, or `eqx.internal.noinline`. Compile times are from "
-        "cold (caches cleared), medians over fresh runs; the first call adds one step, which "
-        "for the noinline forms includes compiling the vector field's own program."
+        f"cold (caches cleared), each the median of {runs} fresh compilations of the form "
+        "(the forms interleaved); the first call adds one step, which for the noinline "
+        "forms includes compiling the vector field's own program."
     )
     lines = report_head(
         invocation,
@@ -256,7 +258,6 @@ def benchmark(invocation: Invocation) -> str:
         rows,
         timings,
         subject="Each time per step",
-        slow="Compile and first-call times are medians over fresh runs instead",
     )
     lines += growth_lines(rows)
     lines += target_lines(rows)
