@@ -126,7 +126,7 @@ def test_grad_jvp_vmap_and_their_compositions_match_the_function():
     fast = noinline(field)
 
     def loss(vector_field):
-        return lambda p, y: jnp.sum(rk_step(vector_field, 3)(p, y) ** 2)
+        return lambda p, y: jnp.sum(rk_step(vector_field, 2)(p, y) ** 2)
 
     def close(a, b):
         for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
@@ -204,6 +204,19 @@ def test_a_module_s_arrays_are_inputs(counting):
     assert grad.weight.tolist() == [2.0, 2.0]
 
 
+def test_wrappers_of_one_function_are_equal_and_share_a_caller_s_trace(counting):
+    def f(x):
+        return x + 1
+
+    assert noinline(f) == noinline(f) and hash(noinline(f)) == hash(noinline(f))
+    assert noinline(f) != noinline(lambda x: x + 1)
+    counted, traces = counting(lambda g, x: g(x))
+    caller = filter_jit(counted)
+    caller(noinline(f), jnp.ones(2))
+    caller(noinline(f), jnp.ones(2))
+    assert len(traces) == 1
+
+
 def test_clear_caches_traces_again(counting):
     counted, traces = counting(lambda x: x + 1)
     fast = noinline(counted)
@@ -239,3 +252,25 @@ def test_refuses_a_closure_over_a_traced_value():
     # Closing over a concrete array is fine: it is a constant of the compiled function.
     z = jnp.arange(2.0)
     assert jax.jit(lambda x: noinline(lambda x: x + z)(x))(jnp.ones(2)).tolist() == [1.0, 2.0]
+
+
+def test_nested_calls_cond_under_vmap_and_linear_transpose():
+    inner = noinline(lambda x: jnp.sin(x) * x)
+    outer = noinline(lambda x: inner(x) + inner(2 * x))
+
+    def reference(x):
+        return jnp.sin(x) * x + jnp.sin(2 * x) * 2 * x
+
+    x = jnp.linspace(0.0, 1.0, 4)
+    np.testing.assert_allclose(
+        jax.jit(jax.grad(lambda x: outer(x).sum()))(x),
+        jax.grad(lambda x: reference(x).sum())(x),
+        rtol=1e-6,
+    )
+    # `lax.cond` with a batched predicate runs both branches on every element.
+    branch = jax.vmap(lambda p, x: jax.lax.cond(p, outer, lambda x: -x, x))
+    out = jax.jit(branch)(jnp.array([True, False]), jnp.ones((2, 4)))
+    np.testing.assert_allclose(out[0], reference(jnp.ones(4)), rtol=1e-6)
+    assert out[1].tolist() == [-1.0] * 4
+    (transposed,) = jax.linear_transpose(noinline(lambda x: 3 * x), jnp.ones(2))(jnp.ones(2))
+    assert transposed.tolist() == [3.0, 3.0]

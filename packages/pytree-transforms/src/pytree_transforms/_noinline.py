@@ -105,6 +105,14 @@ class _NoInline(BindsAsMethod):
         del arguments
         return cls(fun)
 
+    # Equal for equal functions, so that wrapping a function again (`noinline(f)` passed to
+    # a jitted caller at every step) reuses the caller's compilation.
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _NoInline and self._fun == other._fun
+
+    def __hash__(self) -> int:
+        return hash((_NoInline, self._fun))
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         tree = (self._fun, args, kwargs)
         leaves, treedef = jax.tree.flatten(tree)
