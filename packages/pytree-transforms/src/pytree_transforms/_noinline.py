@@ -5,8 +5,8 @@ function's jaxpr (traced once per static part and input shapes, then cached). It
 host callback that runs the jaxpr's own compiled executable, so the caller's XLA program
 holds a call, not the body: XLA cannot inline it, and however many call sites there are the
 body is traced and compiled once. (A call between functions of one XLA program does not do
-this: XLA copies the called function into every call site before optimising, so the
-caller's compile time still grows with the number of calls.)
+this: XLA inlines the called function, or, told not to, compiles a copy of it for every
+call site, so the caller's compile time still grows with the number of calls.)
 
 The transforms map a jaxpr to a jaxpr and bind the primitive again, so their results are
 `noinline` calls too: `jax.jvp` binds the primal call and a second one for the tangents
