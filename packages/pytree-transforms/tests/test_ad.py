@@ -188,8 +188,11 @@ def test_jvp_keyword_arguments_are_not_differentiated():
 
 
 def test_jvp_errors_name_the_tangent():
-    with pytest.raises(ValueError, match=r"tangents\[1\]\['n'\] is a tangent, but the primal"):
+    # A tangent where the primal cannot have one is a TypeError, as from `jax.jvp`.
+    with pytest.raises(TypeError, match=r"tangents\[1\]\['n'\] is a tangent, but the primal"):
         filter_jvp(lambda x, d: x, (1.0, {"n": jnp.array(2)}), (1.0, {"n": jnp.array(1.0)}))
+    with pytest.raises(TypeError, match=r"tangents\[1\] is a tangent, but the primal there is a"):
+        filter_jvp(lambda x, o: x, (1.0, object()), (1.0, object()))
     with pytest.raises(ValueError, match=r"tangents\[0\] has shape \(3,\), but its primal"):
         filter_jvp(lambda x: x, (jnp.ones(2),), (jnp.ones(3),))
     with pytest.raises(TypeError, match="as tuples"):

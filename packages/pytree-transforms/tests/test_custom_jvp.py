@@ -272,3 +272,32 @@ def test_errors():
         filter_custom_jvp(3)
     with pytest.raises(TypeError, match="expects the JVP rule"):
         pair.defjvp("rule")
+
+
+def test_def_jvp_is_the_other_spelling_of_defjvp():
+    @filter_custom_jvp
+    def square_plus(x, y, *, fn):
+        return fn(x) + y
+
+    seen = []
+
+    @square_plus.def_jvp
+    def square_plus_jvp(primals, tangents, *, fn):
+        seen.append(fn)
+        x, y = primals
+        tx, ty = tangents
+        assert ty is None  # y is an int: never differentiated
+        return square_plus(x, y, fn=fn), 2 * x * tx
+
+    assert square_plus_jvp.__name__ == "square_plus_jvp"  # returned: usable as a decorator
+    out, tangent = jax.jvp(lambda x: square_plus(x, 1, fn=jnp.square), (3.0,), (1.0,))
+    assert float(out) == 10.0 and float(tangent) == 6.0
+    assert seen == [jnp.square]
+    assert float(filter_grad(lambda x: square_plus(x, 1, fn=jnp.square))(jnp.asarray(3.0))) == 6.0
+
+    # The last rule set wins, whichever spelling set it.
+    square_plus.defjvp(lambda p, t, *, fn: (square_plus(*p, fn=fn), 0 * t[0]))
+    assert float(jax.jvp(lambda x: square_plus(x, 1, fn=jnp.square), (3.0,), (1.0,))[1]) == 0.0
+
+    with pytest.raises(TypeError, match=r"def_jvp expects the JVP rule .*fn\.def_jvp\(f\)"):
+        square_plus.def_jvp(jnp.square(2.0))  # a result, not a rule

@@ -326,7 +326,9 @@ def _perturbed_leaves(primals: tuple, tangents: tuple) -> dict[int, Any]:
         below = jax.tree.leaves(subtree)
         if tangent is not None:
             if not (len(below) == 1 and below[0] is subtree and is_inexact_array_like(subtree)):
-                raise ValueError(
+                # A TypeError, as `jax.jvp` raises for a tangent whose primal cannot have one
+                # (an integer primal given a float tangent).
+                raise TypeError(
                     f"filter_jvp: {_tangent_path(tangents, n)} is a tangent, but the primal "
                     f"there is {_describe(subtree)}, which cannot be perturbed: only "
                     "floating-point arrays and Python floats can. Pass None there."

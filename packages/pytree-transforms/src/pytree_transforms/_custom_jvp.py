@@ -23,7 +23,8 @@ _PYTHON_NUMBERS = (bool, int, float, complex)
 class CustomJVP(BindsAsMethod):
     """A function with a custom JVP rule, as returned by `filter_custom_jvp`.
 
-    Define the rule with `.defjvp(jvp_fn)`; then call it like the original function.
+    Define the rule with `.defjvp(jvp_fn)` (or its other spelling `.def_jvp(jvp_fn)`, named
+    like `filter_custom_vjp`'s `def_fwd`/`def_bwd`); then call it like the original function.
     """
 
     def __init__(self, fn: Callable[..., Any]):
@@ -46,7 +47,34 @@ class CustomJVP(BindsAsMethod):
         Returns:
             `jvp_fn` itself.
         """
-        check_callable(jvp_fn, "defjvp", "jvp_fn", what="the JVP rule", spelling="fn.defjvp({})")
+        return self._set_jvp(jvp_fn, "defjvp")
+
+    def def_jvp(self, jvp_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Set the JVP rule: the same as `defjvp`, under the name that matches
+        `filter_custom_vjp`'s `def_fwd`/`def_bwd` (and Equinox's `def_jvp`).
+
+        Arguments:
+            jvp_fn: the rule, called as `jvp_fn(primals, tangents, **kwargs)` (see `defjvp`).
+
+        Returns:
+            `jvp_fn` itself, so it works as a decorator.
+
+        Example:
+            ```python
+            @filter_custom_jvp
+            def f(x):
+                return 2 * x
+
+            @f.def_jvp
+            def f_jvp(primals, tangents):
+                (x,), (tx,) = primals, tangents
+                return f(x), 2 * tx
+            ```
+        """
+        return self._set_jvp(jvp_fn, "def_jvp")
+
+    def _set_jvp(self, jvp_fn: Callable[..., Any], method: str) -> Callable[..., Any]:
+        check_callable(jvp_fn, method, "jvp_fn", what="the JVP rule", spelling=f"fn.{method}({{}})")
         self._jvp = jvp_fn
         return jvp_fn
 
