@@ -57,8 +57,8 @@ def test_bound_methods_of_one_module_share_compilations():
     traces = []
 
     class Model(Module):
-        def __init__(self):
-            self.w = jnp.ones(2)
+        def __init__(self, scale=1.0):
+            self.w = jnp.ones(2) * scale
 
         def apply(self, x):
             traces.append(1)
@@ -68,8 +68,67 @@ def test_bound_methods_of_one_module_share_compilations():
     for _ in range(3):
         filter_jit(model.apply)(jnp.ones(2))
     assert len(traces) == 1
-    filter_jit(Model().apply)(jnp.ones(2))  # another instance: another function
+    # Another instance of the same structure: its arrays are inputs, nothing is traced.
+    assert filter_jit(Model(3.0).apply)(jnp.ones(2)).tolist() == [3.0, 3.0]
+    assert len(traces) == 1
+
+
+def _dense_class():
+    """A new Module class (no compilation of it exists yet) and the list of its traces."""
+    traces = []
+
+    class Dense(Module):
+        def __init__(self, width, scale=1.0, activation=jnp.tanh):
+            self.w = jnp.full(width, scale)
+            self.activation = activation
+
+        def __call__(self, x):
+            traces.append(1)
+            return self.activation(self.w * x)
+
+    return Dense, traces
+
+
+def test_a_new_instance_of_a_module_as_the_function_traces_once():
+    Dense, traces = _dense_class()
+    for scale in (1.0, 2.0, 3.0):  # the model after each update: a new instance
+        out = filter_jit(Dense(2, scale))(jnp.ones(2))
+        assert out.tolist() == jnp.tanh(jnp.full(2, scale)).tolist()  # its own arrays
+    assert len(traces) == 1
+    # What keys the compilation is the structure: static parts and shapes.
+    filter_jit(Dense(2, activation=jnp.sin))(jnp.ones(2))
     assert len(traces) == 2
+    filter_jit(Dense(3))(jnp.ones(3))
+    assert len(traces) == 3
+    # Wrapped again in a transform of the Module (filter_grad's is a pytree of it).
+    loss = lambda m, x: jnp.sum(m(x))  # noqa: E731
+    for scale in (1.0, 2.0):
+        filter_jit(filter_grad(loss))(Dense(2, scale), jnp.ones(2))
+    assert len(traces) == 4
+
+
+def test_wrappers_of_modules_compare_equal_for_the_same_module_only():
+    Dense, _ = _dense_class()
+    a, b = Dense(2), Dense(2)
+    assert filter_jit(a) == filter_jit(a)
+    assert hash(filter_jit(a)) == hash(filter_jit(a))
+    assert filter_jit(a) != filter_jit(b)  # Modules compare by identity
+    assert filter_jit(a) != filter_jit(a, donate="all")
+    assert filter_jit(a.__call__) == filter_jit(a.__call__)
+
+
+def test_the_shared_compilations_keep_no_instance_alive():
+    Dense, traces = _dense_class()
+    model = Dense(2)
+    filter_jit(model)(jnp.ones(2))
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None
+    # ...and are still found by the next instance.
+    before = len(traces)
+    filter_jit(Dense(2, 5.0))(jnp.ones(2))
+    assert len(traces) == before
 
 
 def test_filter_jit_of_filter_grad_built_twice_shares_compilations(counting):

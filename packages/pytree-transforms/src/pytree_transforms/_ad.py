@@ -19,10 +19,9 @@ from pytree_filter import (
 
 from ._errors import check_callable
 from ._input_writes import checking_writes
-from ._method import BindsAsMethod, method_as_pytree, register_wrapper
+from ._method import ComparedByOptions, method_as_pytree, options_key, register_wrapper
 from ._outputs import StaticOutput, split_output
 from ._sharing import SplitTree, find_sharing, first_places, has_repeats, selected_once
-from ._static_key import static_key
 
 
 def _split_first(fun: Callable[..., Any], arg: Any):
@@ -165,7 +164,7 @@ def filter_grad(
 
 
 @register_wrapper
-class _Differentiated(BindsAsMethod):
+class _Differentiated(ComparedByOptions):
     """The function `filter_grad` or `filter_value_and_grad` returns.
 
     Two made around the same function with the same options compare (and hash) equal, so
@@ -187,6 +186,8 @@ class _Differentiated(BindsAsMethod):
         self._arg = arg
         self._has_aux = has_aux
         self._gradkwargs = gradkwargs
+        # Keyword arguments have no order, so they are keyed sorted by name.
+        self._options_key = options_key((arg, has_aux, sorted(gradkwargs.items())))
         inner, self._rebuild_aux = _aux_splitter(checking_writes(fun, transform, 1), has_aux)
         self._split = _split_first(inner, arg)
         functools.update_wrapper(self, fun, updated=())
@@ -204,25 +205,19 @@ class _Differentiated(BindsAsMethod):
         return value, grads
 
     def _key(self) -> tuple[Any, ...]:
-        # Keyword arguments have no order, so they are keyed sorted by name.
-        options = static_key((self._arg, self._has_aux, sorted(self._gradkwargs.items())))
-        return self._transform, self._fun, options
+        return self._transform, self._fun, self._options_key
 
     def _options(self) -> tuple[Any, tuple[Any, ...]]:
         """The key of the options and the arguments but `fun` (see `register_wrapper`)."""
-        transform, _, options = self._key()
-        return (transform, options), (transform, self._arg, self._has_aux, self._gradkwargs)
+        arguments = (self._transform, self._arg, self._has_aux, self._gradkwargs)
+        return (self._transform, self._options_key), (arguments, self._options_key)
 
     @classmethod
     def _rebuild(cls, arguments: tuple[Any, ...], fun: Any) -> "_Differentiated":
-        transform, arg, has_aux, gradkwargs = arguments
-        return cls(transform, fun, arg, has_aux, gradkwargs)
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _Differentiated and self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
+        (transform, arg, has_aux, gradkwargs), key = arguments
+        wrapper = cls(transform, fun, arg, has_aux, gradkwargs)
+        wrapper._options_key = key  # a token stands for unhashable options: keep it
+        return wrapper
 
 
 def _refuse_argnums(kwargs: dict[str, Any], transform: str) -> None:
@@ -427,18 +422,56 @@ def _jacobian(
         return lambda f: _jacobian(jax_transform, name, f, has_aux, kwargs)
     check_callable(fun, name)
     _refuse_argnums(kwargs, name)
-    checked = checking_writes(fun, name, 1)
+    return _Jacobian(jax_transform, name, fun, has_aux, kwargs)
 
-    @functools.wraps(fun)
-    def jacobian(x: Any, /, *args: Any, **kw: Any) -> Any:
+
+@register_wrapper
+class _Jacobian(ComparedByOptions):
+    """The function `filter_jacfwd`, `filter_jacrev` or `filter_hessian` returns; two made
+    around equal functions with equal options compare (and hash) equal."""
+
+    def __init__(
+        self,
+        jax_transform: Callable[..., Any],
+        name: str,
+        fun: Callable[..., Any],
+        has_aux: bool,
+        kwargs: dict[str, Any],
+    ):
+        fun = method_as_pytree(fun)
+        self._jax_transform = jax_transform
+        self._name = name
+        self._fun = fun
+        self._has_aux = has_aux
+        self._kwargs = kwargs
+        self._options_key = options_key((has_aux, sorted(kwargs.items())))
+        self._checked = checking_writes(fun, name, 1)
+        functools.update_wrapper(self, fun, updated=())
+
+    def __call__(self, x: Any, /, *args: Any, **kw: Any) -> Any:
         diff, nondiff = partition(x, is_inexact_array)
+        checked = self._checked
 
         def of_diff(diff: Any) -> Any:
             return checked(combine(diff, nondiff), *args, **kw)
 
-        return jax_transform(of_diff, has_aux=has_aux, **kwargs)(diff)
+        return self._jax_transform(of_diff, has_aux=self._has_aux, **self._kwargs)(diff)
 
-    return jacobian
+    def _key(self) -> tuple[Any, ...]:
+        # Keyword arguments have no order, so they are keyed sorted by name.
+        return self._name, self._fun, self._options_key
+
+    def _options(self) -> tuple[Any, tuple[Any, ...]]:
+        """The key of the options and the arguments but `fun` (see `register_wrapper`)."""
+        arguments = (self._jax_transform, self._name, self._has_aux, self._kwargs)
+        return (self._name, self._options_key), (arguments, self._options_key)
+
+    @classmethod
+    def _rebuild(cls, arguments: tuple[Any, ...], fun: Any) -> "_Jacobian":
+        (jax_transform, name, has_aux, kwargs), key = arguments
+        wrapper = cls(jax_transform, name, fun, has_aux, kwargs)
+        wrapper._options_key = key  # a token stands for unhashable options: keep it
+        return wrapper
 
 
 def filter_jacfwd(

@@ -10,6 +10,7 @@ from pytree_filter import is_array
 
 from ._errors import check_callable
 from ._input_writes import checking_writes
+from ._method import ComparedByOptions, method_as_pytree, options_key, register_wrapper
 from ._outputs import split_output
 from ._sharing import SplitTree
 
@@ -45,19 +46,43 @@ def filter_checkpoint(
     if fun is None:
         return lambda f: filter_checkpoint(f, prevent_cse=prevent_cse, policy=policy)
     check_callable(fun, "filter_checkpoint")
+    return _Checkpointed(fun, prevent_cse, policy)
 
-    @functools.wraps(fun)
-    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+
+@register_wrapper
+class _Checkpointed(ComparedByOptions):
+    """The function `filter_checkpoint` returns; two made around equal functions with equal
+    options compare (and hash) equal (see `ComparedByOptions`)."""
+
+    def __init__(self, fun: Callable[..., Any], prevent_cse: bool, policy: Any, key: Any = None):
+        fun = method_as_pytree(fun)
+        self._fun = fun
+        self._prevent_cse = prevent_cse
+        self._policy = policy
+        self._options_key = options_key((prevent_cse, policy)) if key is None else key
+        self._checked = checking_writes(fun, "filter_checkpoint")
+        functools.update_wrapper(self, fun, updated=())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         inputs = SplitTree((args, kwargs), is_array, "traced")
+        checked = self._checked
 
         def inner(dynamic: Any) -> Any:
             call_args, call_kwargs = inputs.rebuild(dynamic)
-            out = checking_writes(fun, "filter_checkpoint")(*call_args, **call_kwargs)
+            out = checked(*call_args, **call_kwargs)
             return split_output(out, is_array, "filter_checkpoint")
 
-        out, static_out = jax.checkpoint(inner, prevent_cse=prevent_cse, policy=policy)(
-            inputs.selected()
-        )
+        checkpointed = jax.checkpoint(inner, prevent_cse=self._prevent_cse, policy=self._policy)
+        out, static_out = checkpointed(inputs.selected())
         return static_out.rebuild(out)
 
-    return checkpointed
+    def _key(self) -> tuple[Any, ...]:
+        return self._fun, self._options_key
+
+    def _options(self) -> tuple[Any, tuple[Any, ...]]:
+        """The key of the options and the arguments but `fun` (see `register_wrapper`)."""
+        return self._options_key, (self._prevent_cse, self._policy, self._options_key)
+
+    @classmethod
+    def _rebuild(cls, arguments: tuple[Any, ...], fun: Any) -> "_Checkpointed":
+        return cls(fun, *arguments)

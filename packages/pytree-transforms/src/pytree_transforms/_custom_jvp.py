@@ -32,6 +32,15 @@ class CustomJVP(BindsAsMethod):
         self._jvp: Callable[..., Any] | None = None
         functools.update_wrapper(self, fn, updated=())
 
+    def __eq__(self, other: object) -> bool:
+        # Equal for equal functions with equal rules, so `filter_jit` of one made again
+        # finds the compilations of the first. The hash is the function's alone: it must
+        # not change when the rule is set after the wrapper went into a cache.
+        return type(other) is CustomJVP and (self._fn, self._jvp) == (other._fn, other._jvp)
+
+    def __hash__(self) -> int:
+        return hash(self._fn)
+
     def defjvp(self, jvp_fn: Callable[..., Any]) -> Callable[..., Any]:
         """Set the JVP rule (usable as a decorator).
 

@@ -42,7 +42,25 @@ class CustomVJP(BindsAsMethod):
         # Whether the rule came from `defvjp`, whose backward pass gets zero cotangents of
         # floating-point outputs as arrays rather than as None.
         self._by_defvjp = False
+        # The rule as the caller gave it: `defvjp`'s adapters are made anew on every call.
+        self._given: tuple[Any, ...] = (None, None)
         functools.update_wrapper(self, fn, updated=())
+
+    def __eq__(self, other: object) -> bool:
+        # Equal for equal functions with equal rules, so `filter_jit` of one made again
+        # finds the compilations of the first. The hash is the function's alone: it must
+        # not change when the rule is set after the wrapper went into a cache.
+        return type(other) is CustomVJP and (self._fn, self._by_defvjp, *self._rule()) == (
+            other._fn,
+            other._by_defvjp,
+            *other._rule(),
+        )
+
+    def __hash__(self) -> int:
+        return hash(self._fn)
+
+    def _rule(self) -> tuple[Any, ...]:
+        return self._given if self._by_defvjp else (self._fwd, self._bwd)
 
     def def_fwd(self, fn_fwd: Callable[..., Any]) -> Callable[..., Any]:
         """Set the forward pass (usable as a decorator).
@@ -119,6 +137,7 @@ class CustomVJP(BindsAsMethod):
             return fn_bwd(residuals, grad_obj, vjp_arg, *args, **kwargs)
 
         self._fwd, self._bwd, self._by_defvjp = fwd, bwd, True
+        self._given = (fn_fwd, fn_bwd)
 
     def _check_style(self, method: str) -> None:
         """Refuse to mix `defvjp` with `def_fwd`/`def_bwd` on one function."""

@@ -60,6 +60,12 @@ def filter_jit(
     static parts) are returned as they are. Calls never block: they return as soon as the
     computation is dispatched, like `jax.jit`.
 
+    Wrapping again reuses the compilations: `filter_jit(f)` made twice around the same
+    function with equal options is the same wrapper. A callable pytree used as `fun` (a
+    Module, its method, `filter_grad(model)`) is an input like the arguments: its structure,
+    not the instance, keys the compilations, so `filter_jit(model)(x)` on the new model
+    after each update traces once.
+
     Arguments:
         fun: the function to compile. Omit it to get a decorator with these options.
         donate: `"none"`, `"all"` (donate every traced input buffer), `"all-except-first"`
@@ -77,7 +83,9 @@ def filter_jit(
         **jitkwargs: passed on to `jax.jit`.
 
     Returns:
-        The compiled function. Its `.lower(*args, **kwargs)` lowers ahead of time.
+        The compiled function. Its `.lower(*args, **kwargs)` lowers ahead of time. It
+        compares (and hashes) equal to another made around an equal function with equal
+        options.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -106,14 +114,31 @@ def filter_jit(
                 "`donate=`."
             )
 
-    def build() -> JitWrapper:
+    function = method_as_pytree(fun)
+
+    def compilations() -> _Compilations:
         fn_spec = default if fn is None else fn
-        function = method_as_pytree(fun)
         specs = ArgumentSpecs("filter_jit", function, default, fn_spec, args, kwargs)
-        return JitWrapper(function, specs, out, donate, jitkwargs)
+        return _Compilations(specs)
 
     # Keyword arguments have no order: `filter_jit(f, a=1, b=2)` is `filter_jit(f, b=2, a=1)`.
-    return _WRAPPERS.get((fun, options, sorted(jitkwargs.items())), build)
+    options_key = (options, sorted(jitkwargs.items()))
+    if _is_leaf(function):
+        # A plain function is fixed: the wrapper is kept whole, keyed by the function.
+        return _WRAPPERS.get(
+            (fun, *options_key),
+            lambda: JitWrapper(function, compilations(), out, donate, jitkwargs),
+        )
+    # A callable pytree (a Module, its method, a transform of one) is an input like the
+    # arguments: its arrays are traced and its structure keys the compilations. So a new
+    # instance of the same structure (the model after an update) gets a wrapper of its own,
+    # which shares the compilations of every earlier one instead of tracing again.
+    try:
+        structure: Any = _Structure(type(function), jax.tree.structure(function))
+    except (TypeError, ValueError):  # a node whose flatten refuses: let the call say why
+        structure = fun
+    shared = _WRAPPERS.get((structure, *options_key), compilations)
+    return JitWrapper(function, shared, out, donate, jitkwargs)
 
 
 class JitWrapper(BindsAsMethod):
@@ -122,17 +147,22 @@ class JitWrapper(BindsAsMethod):
     It keeps an interned `Plan` per input structure (each with its `jax.jit`) and the last
     plan used; every call checks that a plan fits its own inputs before using it, so what is
     kept is only ever added to or replaced whole, and calls from several threads are safe.
+    The plans are those of its `_Compilations`, shared with the wrappers of other callable
+    pytrees of the same structure and options (see `filter_jit`). Two wrappers compare equal
+    when they share their compilations and their functions compare equal.
     """
 
     def __init__(
         self,
         fun: Callable[..., Any],
-        specs: ArgumentSpecs,
+        compilations: "_Compilations",
         out: Any,
         donate: str,
         jitkwargs: dict[str, Any],
     ):
         self._fun = fun
+        self._compilations = compilations
+        specs = compilations.specs
         # A plain function (a leaf, not a pytree) is the same on every call: the flattened
         # call holds a placeholder for it, so it need not be hashable, and `traced` puts it
         # back. A callable pytree (a Module, a bound method) is flattened with the call.
@@ -150,10 +180,22 @@ class JitWrapper(BindsAsMethod):
             and donate == "none"
             and not _SHARDINGS & set(jitkwargs)
         )
-        self._plans: dict[PyTreeDef, list[Plan]] = {}
-        self._last: Plan | None = None
-        self._previous: Plan | None = None
+        self._plans = compilations.plans
+        # The plan the latest wrapper of these compilations went to: a wrapper made for a
+        # new instance tries it first, so its first call takes the fast path too.
+        self._last: Plan | None = compilations.latest
+        self._previous: Plan | None = compilations.latest
         functools.update_wrapper(self, fun, updated=())
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is JitWrapper
+            and self._compilations is other._compilations
+            and (self._fun is other._fun or self._fun == other._fun)
+        )
+
+    def __hash__(self) -> int:
+        return id(self._compilations)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not self._by_types:
@@ -182,7 +224,7 @@ class JitWrapper(BindsAsMethod):
             # `flatten_up_to` raises an error whose message prints the whole tree. So it is
             # tried again only once two calls in a row had the same plan.
             self._last = plan if plan is self._previous else None
-            self._previous = plan
+            self._previous = self._compilations.latest = plan
         dynamic = plan.get_dynamic(leaves)
         check = plan.repeat_check
         if check is not None and check(dynamic):
@@ -312,6 +354,9 @@ class JitWrapper(BindsAsMethod):
         ones (see `Plan.donation`).
         """
         out, donating = self._out, self._donate != "none"
+        # What `traced` holds lives as long as the plan, which wrappers of other instances
+        # share: a callable pytree comes in with the call, so only a plain function is held.
+        the_function = self._fun if self._fun_in_call is _THE_FUNCTION else None
 
         def traced(static_arg: Any, *dynamic: tuple[Any, ...]) -> Any:
             if donating:
@@ -322,15 +367,15 @@ class JitWrapper(BindsAsMethod):
             fun, args, kwargs = plan.treedef.unflatten(plan.merge(leaves, plan.statics(static_arg)))
             inputs = record_inputs(fun, args, kwargs)
             if fun is _THE_FUNCTION:
-                fun = self._fun
+                fun = the_function
             result = fun(*args, **kwargs)
-            check_input_writes(inputs, result, "filter_jit", self._fun)
+            check_input_writes(inputs, result, "filter_jit", fun)
             return pack_output(result, out, "filter_jit")
 
         # JAX keeps the signature in a cache entry keyed weakly by `traced`: what it holds
         # must not lead back to `traced` (this wrapper, the plan, its `jax.jit`), or the
         # entry would keep the wrapper and its function alive for good.
-        names = functools.partial(traced_leaf_names, self._fun, plan.treedef, tuple(plan.mask))
+        names = functools.partial(traced_leaf_names, the_function, plan.treedef, tuple(plan.mask))
         if plan.fixed:
             statics = (_THE_FUNCTION,) * len(plan.static_types)
 
@@ -351,6 +396,39 @@ def _stage(plan: Plan, arguments: tuple) -> tuple[tuple[Plan, Any], tuple]:
     if plan.fixed:
         return (plan, None), arguments
     return (plan, arguments[0]), arguments[1:]
+
+
+class _Compilations:
+    """What the `filter_jit` wrappers of one function, or of callable pytrees of one
+    structure, share: the resolved argument specs, the plans by input structure (each with
+    its `jax.jit`) and the latest plan used. It holds no callable pytree, so keeping it
+    (in `_WRAPPERS`) keeps no instance's arrays alive."""
+
+    __slots__ = ("__weakref__", "latest", "plans", "specs")
+
+    def __init__(self, specs: ArgumentSpecs):
+        self.specs = specs
+        self.plans: dict[PyTreeDef | Sharing, list[Plan]] = {}
+        self.latest: Plan | None = None
+
+
+class _Structure:
+    """The key of a callable pytree's compilations: its type and treedef (the static parts
+    compared as Modules' treedefs compare them), never its arrays."""
+
+    __slots__ = ("kind", "treedef")
+
+    def __init__(self, kind: type, treedef: PyTreeDef):
+        self.kind = kind
+        self.treedef = treedef
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is _Structure and self.kind is other.kind and self.treedef == other.treedef
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.treedef))
 
 
 class _TheFunction:

@@ -12,8 +12,14 @@ from ._sharing import Sharing
 
 
 def traced_leaf_names(fun: Any, structure: Any, mask: tuple[Any, ...]) -> list[str]:
-    """The names of a plan's traced leaves, as the user's call spells them."""
+    """The names of a plan's traced leaves, as the user's call spells them.
+
+    `fun` is the plain function called, or None where the function is a callable pytree,
+    which is part of the call (`structure` rebuilds it).
+    """
     tree = structure.unflatten(range(structure.num_leaves))
+    if fun is None:
+        fun = tree[0]
     names = {index: name for name, index in leaf_names(fun, tree)}
     return [names[i] for i, traced in enumerate(mask) if traced]
 

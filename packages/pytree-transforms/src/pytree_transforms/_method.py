@@ -9,6 +9,8 @@ import jax
 from pytree_module import Module
 from pytree_module.extend import BoundMethod
 
+from ._static_key import static_key
+
 
 class BindsAsMethod:
     """Base of the transform wrappers: as a class attribute, binds like a function.
@@ -39,6 +41,40 @@ class BindsAsMethod:
         if instance is None:
             return self
         return functools.partial(self, instance)
+
+
+class ComparedByOptions(BindsAsMethod):
+    """Base of the transform wrappers that compare (and hash) equal when made around equal
+    functions with equal options, so that `filter_jit(filter_vmap(f))` built again, in a
+    loop say, finds the compilations of the first instead of tracing again.
+
+    Subclasses define `_key()`: a tuple of the wrapped function and a key of the options
+    (their `static_key`, so `1`, `1.0` and `True` are different options). A wrapper whose
+    options cannot be hashed cannot be hashed either, and is found again by no cache.
+    """
+
+    __slots__ = ()
+
+    def _key(self) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._key() == other._key()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+
+def options_key(options: Any) -> Any:
+    """The key of a wrapper's options, for `ComparedByOptions._key` and `register_wrapper`:
+    their `static_key`, or where they cannot be hashed a token of their own, so that the
+    wrapper compares equal to itself and its rebuilt copies only."""
+    key = static_key(options)
+    try:
+        hash(key)
+    except TypeError:
+        return object()
+    return key
 
 
 def method_as_pytree(fun: Any) -> Any:

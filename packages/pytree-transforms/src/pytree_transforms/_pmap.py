@@ -18,7 +18,7 @@ from ._errors import check_callable, check_pytree_objects, describe_leaf
 from ._input_writes import check_input_writes, record_inputs
 from ._jit_plan import Plan
 from ._jit_stages import Lowered
-from ._method import BindsAsMethod, method_as_pytree
+from ._method import ComparedByOptions, method_as_pytree, options_key
 from ._wrapper_cache import FunctionRef, shared_cache
 
 
@@ -95,9 +95,10 @@ class _Compilations:
         return split_mapped_output(self.out, out, "filter_pmap")
 
 
-class _PmapWrapper(BindsAsMethod):
+class _PmapWrapper(ComparedByOptions):
     """The function `filter_pmap` returns: it splits each call and hands it to the shared
-    `_Compilations` of its function and options (see `_wrapper_cache.shared_cache`)."""
+    `_Compilations` of its function and options (see `_wrapper_cache.shared_cache`). Two
+    made around equal functions with equal options compare (and hash) equal."""
 
     def __init__(
         self,
@@ -107,8 +108,10 @@ class _PmapWrapper(BindsAsMethod):
         axis_size: int | None,
         donate: str,
         kw: dict[str, Any],
+        options: Any,
     ):
         self._fun = fun
+        self._options_key = options
         self._specs = specs
         self._axis_size = axis_size
         self._compilations = shared_cache(
@@ -119,6 +122,9 @@ class _PmapWrapper(BindsAsMethod):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         pmapped, key, groups = self._split(args, kwargs)
         return _unpack(pmapped(key, *groups))
+
+    def _key(self) -> tuple[Any, ...]:
+        return self._fun, self._options_key
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Trace and lower for these arguments, for ahead-of-time compilation.
@@ -317,4 +323,6 @@ def filter_pmap(
         )
     fun = method_as_pytree(fun)
     specs = ArgumentSpecs("filter_pmap", fun, default, fn, args, kwargs)
-    return _PmapWrapper(fun, specs, out, axis_size, donate, pmapkwargs)
+    # Keyword arguments have no order, so they are keyed sorted by name.
+    key = options_key((options, sorted(pmapkwargs.items())))
+    return _PmapWrapper(fun, specs, out, axis_size, donate, pmapkwargs, key)

@@ -18,13 +18,14 @@ from ._axes import (
 )
 from ._errors import check_callable
 from ._input_writes import check_input_writes, record_inputs
-from ._method import BindsAsMethod, method_as_pytree, register_wrapper
+from ._method import ComparedByOptions, method_as_pytree, options_key, register_wrapper
 from ._sharing import find_sharing, has_repeats, same_axes_once
 
 
 @register_wrapper
-class _VmapWrapper(BindsAsMethod):
-    """The function `filter_vmap` returns."""
+class _VmapWrapper(ComparedByOptions):
+    """The function `filter_vmap` returns. Two made around equal functions with equal
+    options compare (and hash) equal (see `ComparedByOptions`)."""
 
     def __init__(
         self,
@@ -32,26 +33,26 @@ class _VmapWrapper(BindsAsMethod):
         specs: ArgumentSpecs,
         out: Any,
         vmapkwargs: dict[str, Any],
+        options: Any,
     ):
         self._fun = fun
         self._specs = specs
         self._out = out
         self._vmapkwargs = vmapkwargs
-        # Stands for the options in the wrapper's static part: copies rebuilt from it
-        # (see `register_wrapper`) keep it, so they compare equal.
-        self._token = object()
+        # The key of the options as the caller gave them (see `filter_vmap`).
+        self._options_key = options
         functools.update_wrapper(self, fun, updated=())
+
+    def _key(self) -> tuple[Any, ...]:
+        return self._fun, self._options_key
 
     def _options(self) -> tuple[Any, tuple[Any, ...]]:
         """The key of the options and the arguments but `fun` (see `register_wrapper`)."""
-        return self._token, (self._token, self._specs, self._out, self._vmapkwargs)
+        return self._options_key, (self._specs, self._out, self._vmapkwargs, self._options_key)
 
     @classmethod
     def _rebuild(cls, arguments: tuple[Any, ...], fun: Any) -> "_VmapWrapper":
-        token, specs, out, vmapkwargs = arguments
-        wrapper = cls(fun, specs, out, vmapkwargs)
-        wrapper._token = token
-        return wrapper
+        return cls(fun, *arguments)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         tree = (self._fun, args, kwargs)
@@ -171,7 +172,9 @@ def filter_vmap(
         **vmapkwargs: passed on to `jax.vmap` (e.g. `spmd_axis_name`).
 
     Returns:
-        The vectorised function.
+        The vectorised function. It compares (and hashes) equal to another made around an
+        equal function with equal options, so `filter_jit(filter_vmap(f))` made again finds
+        the first one's compilations.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -211,4 +214,6 @@ def filter_vmap(
         vmapkwargs["axis_size"] = axis_size
     fun = method_as_pytree(fun)
     specs = ArgumentSpecs("filter_vmap", fun, default, fn, args, kwargs)
-    return _VmapWrapper(fun, specs, out, vmapkwargs)
+    # Keyword arguments have no order, so they are keyed sorted by name.
+    key = options_key((options, sorted(vmapkwargs.items())))
+    return _VmapWrapper(fun, specs, out, vmapkwargs, key)
