@@ -96,3 +96,55 @@ def test_jit_of_filter_vmap_made_twice_traces_once(lib):
     for _ in range(3):
         lib.filter_jit(lib.filter_vmap(f))(jnp.ones(3))
     assert len(traces) == 1
+
+
+def _closure_to_pytree(lib):
+    return lib.closure_to_pytree if lib is pt else eqx.internal.closure_to_pytree
+
+
+def _make_update(lr):
+    rate = jnp.asarray(lr)
+    count = 3
+
+    def update(params):
+        return params - rate * params * count
+
+    return update
+
+
+@LIBS
+def test_closure_to_pytree_makes_captured_arrays_leaves(lib):
+    converted = _closure_to_pytree(lib)({"update": _make_update(0.5), "n": 1})
+    arrays = [x.tolist() for x in jax.tree.leaves(converted) if isinstance(x, jax.Array)]
+    assert arrays == [0.5]
+    assert 3 in jax.tree.leaves(converted)  # captured numbers are leaves too
+    assert converted["update"](jnp.ones(2)).tolist() == [-0.5, -0.5]
+
+
+@LIBS
+def test_filter_jit_of_converted_closures_traces_once(lib):
+    traces = []
+
+    @lib.filter_jit
+    def apply(update, params):
+        traces.append(1)
+        return update(params)
+
+    outs = [
+        apply(_closure_to_pytree(lib)(_make_update(lr)), jnp.ones(1)).tolist() for lr in (0.25, 0.5)
+    ]
+    assert outs == [[0.25], [-0.5]]
+    assert len(traces) == 1
+
+
+@LIBS
+def test_closure_convert_out_struct(lib):
+    converted = lib.filter_closure_convert(
+        lambda x, tag: ({"y": 2 * x, "tag": tag}, x.astype(jnp.int32)), jnp.ones(3), "t"
+    )
+    out = converted.out_struct
+    assert out[0]["tag"] == "t"
+    assert (out[0]["y"].shape, out[0]["y"].dtype) == ((3,), jnp.float32)
+    assert (out[1].shape, out[1].dtype) == ((3,), jnp.int32)
+    (x, tag), kwargs = converted.in_struct
+    assert ((x.shape, x.dtype), tag, kwargs) == (((3,), jnp.float32), "t", {})

@@ -14,6 +14,7 @@ from ._caches import clear_caches as clear_caches
 from ._callback import filter_pure_callback as filter_pure_callback
 from ._checkpoint import filter_checkpoint as filter_checkpoint
 from ._closure import filter_closure_convert as filter_closure_convert
+from ._closure_pytree import closure_to_pytree as closure_to_pytree
 from ._custom_jvp import filter_custom_jvp as filter_custom_jvp
 from ._custom_vjp import filter_custom_vjp as filter_custom_vjp
 from ._error_if import RuntimeCheckError as RuntimeCheckError

@@ -28,6 +28,7 @@ class _Program:
         "in_treedef",
         "jaxpr",
         "name",
+        "out_shapes",
         "out_static",
         "out_treedef",
     )
@@ -40,7 +41,7 @@ class _Program:
         in_mask: list[bool],
         in_avals: list[tuple[tuple[int, ...], Any]],
         in_static: list[Any],
-        out_treedef: PyTreeDef,
+        out_shapes: Any,
         out_static: Any,
     ):
         self.name = name
@@ -49,7 +50,8 @@ class _Program:
         self.in_mask = in_mask
         self.in_avals = in_avals
         self.in_static = in_static
-        self.out_treedef = out_treedef
+        self.out_shapes = out_shapes
+        self.out_treedef = jax.tree.structure(out_shapes)
         self.out_static = out_static
 
     def __repr__(self) -> str:
@@ -110,6 +112,28 @@ class ClosureConverted(Module, frozen=True):
     consts: list[Any]
     program: _Program = field(static=True)
 
+    @property
+    def in_struct(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The `(args, kwargs)` it takes: a `jax.ShapeDtypeStruct` for each array of the
+        example arguments, and every other leaf as it was (it is baked in)."""
+        program = self.program
+        statics = iter(program.in_static)
+        avals = iter(program.in_avals)
+        leaves = []
+        for shaped in program.in_mask:
+            if shaped:
+                shape, dtype = next(avals)
+                leaves.append(jax.ShapeDtypeStruct(shape, dtype))
+            else:
+                leaves.append(next(statics))
+        return program.in_treedef.unflatten(leaves)
+
+    @property
+    def out_struct(self) -> Any:
+        """What a call returns: a `jax.ShapeDtypeStruct` for each array output, and every
+        other output as `fn` returned it when traced (as Equinox's `out_struct`)."""
+        return combine(self.program.out_shapes, self.program.out_static)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         program = self.program
         arrays = program.array_inputs(args, kwargs)
@@ -139,7 +163,9 @@ def filter_closure_convert(fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
         A `ClosureConverted` pytree, called like `fn` with arguments of the example's
         structure, array shapes and dtypes and the same non-array values. Its `consts` lists
         the hoisted arrays and tracers. Non-array outputs of `fn` are returned as they were
-        at tracing time.
+        at tracing time. Its `out_struct` is the output's structure (a
+        `jax.ShapeDtypeStruct` for each array output, the non-array outputs as they are),
+        and its `in_struct` the `(args, kwargs)` it takes, likewise.
 
     Examples:
         >>> import jax
@@ -165,7 +191,7 @@ def filter_closure_convert(fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
         in_mask=in_mask,
         in_avals=[(tuple(x.shape), x.dtype) for x, m in zip(leaves, in_mask, strict=True) if m],
         in_static=[x for x, m in zip(leaves, in_mask, strict=True) if not m],
-        out_treedef=jax.tree.structure(out_shapes),
+        out_shapes=out_shapes,
         out_static=out_static,
     )
     return ClosureConverted(list(closed.consts), program)
