@@ -365,3 +365,45 @@ def test_members_as_annotated_fields_and_in_tree_utilities():
     assert repr(replaced.result) == "RESULTS.successful"
     # A transform that leaves the leaf out (here `None`) still prints.
     assert repr(jax.tree.map(lambda _: None, RESULTS.successful)) == "RESULTS.<unknown>"
+
+
+def test_is_traced_inside_a_transform_only():
+    assert not RESULTS.nonfinite.is_traced()
+    traced = []
+    jax.jit(lambda r: traced.append(r.is_traced()) or r)(RESULTS.nonfinite)
+    jax.vmap(lambda r: traced.append(r.is_traced()) or r)(
+        RESULTS.where(jnp.array([True, False]), RESULTS.nonfinite, RESULTS.successful)
+    )
+    assert traced == [True, True]
+
+
+def test_error_if_calls_the_registered_check_with_the_members_index_and_messages(monkeypatch):
+    from pytree_module import _enumeration
+    from pytree_module.extend import register_error_if
+
+    calls = []
+
+    def check(token, pred, index, msgs, *, on_error):
+        calls.append((pred, int(index), msgs, on_error))
+        return token
+
+    monkeypatch.setattr(_enumeration, "_ERROR_IF", [])
+    register_error_if(check)
+    x = jnp.ones(2)
+    assert SOLVER_RESULTS.diverged.error_if(x, True, on_error="nan") is x
+    assert calls == [(True, 3, list(SOLVER_RESULTS._messages), "nan")]
+
+
+def test_error_if_without_a_registered_check_says_what_to_import(monkeypatch):
+    from pytree_module import _enumeration
+
+    monkeypatch.setattr(_enumeration, "_ERROR_IF", [])
+    with pytest.raises(RuntimeError, match="import pytree_transforms"):
+        RESULTS.nonfinite.error_if(jnp.ones(1), True)
+
+
+def test_register_error_if_refuses_what_cannot_be_called():
+    from pytree_module.extend import register_error_if
+
+    with pytest.raises(TypeError, match="register_error_if expects a function"):
+        register_error_if("branched_error_if")

@@ -165,3 +165,24 @@ def test_differences_on_purpose():
     assert seen == ["traced"]
     with pytest.raises(TypeError, match="traced"):
         jax.jit(lambda r: RESULTS[r])(RESULTS.nonfinite)
+
+
+@pytest.mark.parametrize(("ours", "theirs"), PAIRS[:1], ids=["RESULTS"])
+def test_members_error_if_and_is_traced_alike(ours, theirs):
+    pytest.importorskip("pytree_transforms")  # registers the check members call
+    seen = []
+
+    def solve(enumeration, x):
+        result = enumeration.where(x > 10, enumeration.nonfinite, enumeration.successful)
+        seen.append((enumeration.successful.is_traced(), result.is_traced()))
+        return result.error_if(x, result != enumeration.successful)
+
+    for enumeration in (ours, theirs):
+        f = jax.jit(lambda x, e=enumeration: solve(e, x))
+        assert f(jnp.array(1.0)) == 1.0
+        with pytest.raises(
+            (jax.errors.JaxRuntimeError, ValueError, RuntimeError),
+            match=r"A non-finite value appeared\.",
+        ):
+            f(jnp.array(100.0))
+    assert seen == [(False, True), (False, True)]

@@ -87,3 +87,33 @@ def test_backward_nan_prints_the_same_values(debug, capsys):
         "x:\n   primals=Array([1., 0.], dtype=float32)\n"
         "cotangents=Array([0.5, inf], dtype=float32)\n"
     )
+
+
+@ERROR_IFS
+def test_a_checks_own_on_error_overrides_the_environment(error_if, monkeypatch):
+    monkeypatch.delenv("PYTREE_TRANSFORMS_ON_ERROR", raising=False)
+    monkeypatch.delenv("EQX_ON_ERROR", raising=False)
+
+    def checked(on_error):
+        return jax.jit(lambda x: error_if(x, x < 0, "negative", on_error=on_error))
+
+    bad = jnp.array([1.0, -1.0])
+    assert np.isnan(checked("nan")(bad)).all()
+    assert checked("off")(bad).tolist() == [1.0, -1.0]
+    with pytest.raises(FAILURE, match="negative"):
+        checked("raise")(bad)
+
+
+@pytest.mark.parametrize(
+    "mark",
+    [
+        pt.nondifferentiable,
+        eqx.internal.nondifferentiable,
+        pt.nondifferentiable_backward,
+        eqx.internal.nondifferentiable_backward,
+    ],
+    ids=["ours", "equinox", "ours-backward", "equinox-backward"],
+)
+def test_nondifferentiable_raises_the_message_given(mark):
+    with pytest.raises(RuntimeError, match="use the adjoint method instead"):
+        jax.grad(lambda x: mark(x, msg="use the adjoint method instead") ** 2)(1.0)

@@ -1,6 +1,6 @@
 """`Enumeration`: enum-like classes whose members are pytrees, usable under JAX transforms."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, NoReturn
 
 import jax
@@ -43,6 +43,65 @@ class EnumerationMember:
         transforms. Use it as the index of `jax.lax.switch`."""
         return self._value
 
+    def is_traced(self) -> bool:
+        """Whether the member is traced (inside `jax.jit`, `jax.vmap`, ...), so that which
+        member it is is known only at run time: `E[member]` cannot look up its message."""
+        return isinstance(self._value, jax.core.Tracer)
+
+    def error_if(self, token: Any, pred: Any, *, on_error: str = "default") -> Any:
+        """Raise this member's message where `pred` is true, from run-time values: works
+        inside `jax.jit`, `jax.vmap` and loops, as `pytree_transforms.error_if` does.
+
+        The member may be traced (a solver's result, chosen at run time with `where`):
+        its message is picked when the check runs. The check is pytree_transforms'
+        `branched_error_if` (see `pytree_module.extend.register_error_if`), so
+        `pytree_transforms` must have been imported.
+
+        Arguments:
+            token: any pytree holding at least one array: returned as it is, with the
+                check tied to it (the check runs before anything that uses the returned
+                value).
+            pred: a boolean array of any shape, or a bool; the check fails if any element
+                is true.
+            on_error: what a failure does, as for `pytree_transforms.error_if`:
+                `"default"` (the environment's), `"raise"`, `"nan"`, `"breakpoint"` or
+                `"off"`.
+
+        Returns:
+            `token`, with its arrays tied to the check.
+
+        Raises:
+            RuntimeError: no check is registered (`pytree_transforms` is not imported).
+
+        Examples:
+            >>> import jax, jax.numpy as jnp
+            >>> import pytree_transforms  # registers the check
+            >>> from pytree_module import Enumeration
+            >>> class RESULTS(Enumeration):
+            ...     successful = ""
+            ...     diverged = "The iteration diverged."
+            >>> @jax.jit
+            ... def solve(x):
+            ...     result = RESULTS.where(x > 10, RESULTS.diverged, RESULTS.successful)
+            ...     return result.error_if(x, result != RESULTS.successful)
+            >>> solve(jnp.array(1.0))
+            Array(1., dtype=float32, weak_type=True)
+            >>> try:
+            ...     solve(jnp.array(100.0))
+            ... except (jax.errors.JaxRuntimeError, ValueError) as error:
+            ...     print("The iteration diverged." in str(error))
+            True
+        """
+        if not _ERROR_IF:
+            raise RuntimeError(
+                f"{self!r}.error_if runs pytree_transforms' run-time check, which "
+                "pytree_transforms registers when it is imported: add "
+                "`import pytree_transforms` (or use `pytree_transforms.branched_error_if("
+                "token, pred, member.index, list of messages)`)."
+            )
+        messages = list(self._enumeration._messages)
+        return _ERROR_IF[0](token, pred, self._value, messages, on_error=on_error)
+
     def __eq__(self, other: object) -> Any:
         _check_comparable(self, other, "==")
         with jax.ensure_compile_time_eval():
@@ -70,6 +129,39 @@ jax.tree_util.register_pytree_with_keys(
     flatten_func=lambda m: ((m._value,), m._enumeration),
 )
 register_data_type(EnumerationMember)
+
+
+# The run-time check that members' `error_if` calls (see `register_error_if`).
+_ERROR_IF: list[Callable[..., Any]] = []
+
+
+def register_error_if(check: Callable[..., Any]) -> None:
+    """Give `Enumeration` members' `error_if` the run-time check it calls.
+
+    A check that works inside compiled code takes a host callback and its own
+    differentiation rule, which belong to pytree_transforms (its `branched_error_if`);
+    pytree_module does not depend on it, so pytree_transforms registers that function here
+    when it is imported. The latest registered check is the one called.
+
+    Arguments:
+        check: called as `check(token, pred, index, msgs, on_error=...)`; it returns `token`
+            tied to a check that fails where `pred` is true, with the message
+            `msgs[index]` (`index` is the member's int32 index, traced or not).
+
+    Raises:
+        TypeError: `check` is not callable.
+
+    Examples:
+        >>> import pytree_transforms
+        >>> from pytree_module.extend import register_error_if
+        >>> register_error_if(pytree_transforms.branched_error_if)  # what its import does
+    """
+    if not callable(check):
+        raise TypeError(
+            f"register_error_if expects a function `check(token, pred, index, msgs, "
+            f"on_error=...)`, got {type(check).__name__} {check!r:.60}."
+        )
+    _ERROR_IF[:] = [check]
 
 
 def _check_comparable(member: EnumerationMember, other: object, op: str) -> None:

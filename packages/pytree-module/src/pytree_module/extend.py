@@ -28,6 +28,9 @@ What is here:
 - `register_tree_at_rule`: what `tree_at` puts in place of a node of a registered type
   that `where` picked (pytree_graph's Variables keep their type and metadata when replaced
   by a bare value).
+- `register_error_if`: the run-time check `Enumeration` members' `error_if` calls;
+  pytree_transforms registers its `branched_error_if` when imported (pytree_module does
+  not depend on it).
 - `static_key`, the key by which static values are told apart (`1`, `1.0` and `True`, or
   `0.0` and `-0.0`, are different statics): a library that caches anything per static value
   keys it the same way, so its caches share exactly what Modules' treedefs share.
@@ -60,6 +63,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._bound_method import BoundMethod
+from ._enumeration import register_error_if
 from ._layout import Layout, TreedefEntry
 from ._module import Module, _set_trace
 from ._module import construct as _construct
@@ -84,6 +88,7 @@ __all__ = [
     "is_pytree_class",
     "mutations",
     "rebuild_into",
+    "register_error_if",
     "register_tree_at_rule",
     "same_trace",
     "static_key",

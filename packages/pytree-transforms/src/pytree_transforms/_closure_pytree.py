@@ -8,6 +8,7 @@ whose static part is its code: two closures made by one `def` with equal capture
 and defaults share a compilation, and captured arrays are traced.
 """
 
+import functools
 import types
 from typing import Any
 
@@ -33,27 +34,19 @@ class _Code:
     globals, with equal defaults; it holds no cell, so keeping it (in a treedef, in a
     compilation cache) keeps none of the captured values alive."""
 
-    __slots__ = (
-        "_key",
-        "annotations",
-        "code",
-        "defaults",
-        "doc",
-        "globals",
-        "kwdefaults",
-        "module",
-        "name",
-        "qualname",
-    )
+    __slots__ = ("_key", "code", "defaults", "globals", "kwdefaults", "name", "qualname", "wrapper")
 
     def __init__(self, fn: types.FunctionType):
         self.code = fn.__code__
         self.globals = fn.__globals__
         self.name = fn.__name__
         self.qualname = fn.__qualname__
-        self.module = fn.__module__
-        self.doc = fn.__doc__
-        self.annotations = dict(fn.__annotations__)
+        # `__module__`, `__doc__`, `__annotations__`..., as `functools.wraps` copies them.
+        self.wrapper = {
+            name: getattr(fn, name)
+            for name in functools.WRAPPER_ASSIGNMENTS
+            if name not in ("__name__", "__qualname__") and hasattr(fn, name)
+        }
         self.defaults = fn.__defaults__
         self.kwdefaults = None if fn.__kwdefaults__ is None else dict(fn.__kwdefaults__)
         key: Any = (self.code, id(self.globals), static_key((self.defaults, self.kwdefaults)))
@@ -79,9 +72,8 @@ class _Code:
         )
         fn = types.FunctionType(self.code, self.globals, self.name, self.defaults, cells or None)
         fn.__qualname__ = self.qualname
-        fn.__module__ = self.module
-        fn.__doc__ = self.doc
-        fn.__annotations__.update(self.annotations)
+        for name, value in self.wrapper.items():
+            setattr(fn, name, value)
         if self.kwdefaults is not None:
             fn.__kwdefaults__ = dict(self.kwdefaults)
         return fn

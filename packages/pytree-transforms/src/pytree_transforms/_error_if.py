@@ -18,8 +18,9 @@ gradient does not need the primal value, so a check tied to it by data alone (a
 dispatch: a compiled function with an effect is called through JAX's Python path rather
 than its C++ fast path (about 0.1 ms more per call, measured on a CPU).
 
-The behaviour on failure is read from `PYTREE_TRANSFORMS_ON_ERROR` each time a check is
-traced: `raise` (the default), `nan`, `breakpoint` or `off`.
+The behaviour on failure is a check's own `on_error=`, or else read from
+`PYTREE_TRANSFORMS_ON_ERROR` each time a check is traced: `raise` (the default), `nan`,
+`breakpoint` or `off`.
 """
 
 import functools
@@ -38,6 +39,7 @@ from jax import lax
 from jax.interpreters import batching, mlir
 
 from pytree_filter import combine, is_array, partition
+from pytree_module.extend import register_error_if
 
 
 def _hide_this_module_from_tracebacks() -> None:
@@ -222,7 +224,17 @@ def _checked_jvp(config: tuple[Any, ...], primals: Any, tangents: Any) -> tuple[
     return _checked(config, leaves, pred, index), tangents[0]
 
 
-def _on_error_mode() -> str:
+def _on_error_mode(on_error: Any = "default", function: str = "error_if") -> str:
+    """What a failure does: `on_error` where the call gives one, else the environment's."""
+    if on_error != "default" or type(on_error) is not str:
+        if type(on_error) is not str or on_error not in _MODES:
+            raise ValueError(
+                f"{function}(on_error=...) must be one of "
+                f"{', '.join(repr(m) for m in ('default', *_MODES))}, got {on_error!r:.60}. "
+                f'"default" follows the environment variable {ON_ERROR_VARIABLE}; the others '
+                "override it for this check."
+            )
+        return on_error
     mode = os.environ.get(ON_ERROR_VARIABLE, "raise")
     if mode not in _MODES:
         raise ValueError(
@@ -286,7 +298,9 @@ def _check_arguments(pred: Any, index: Any, msgs: Any, function: str) -> tuple[s
     return tuple(msgs)
 
 
-def branched_error_if(x: Any, pred: Any, index: Any, msgs: Sequence[str]) -> Any:
+def branched_error_if(
+    x: Any, pred: Any, index: Any, msgs: Sequence[str], *, on_error: str = "default"
+) -> Any:
     """As `error_if`, with the message picked from `msgs` by a run-time `index`.
 
     Arguments:
@@ -299,6 +313,9 @@ def branched_error_if(x: Any, pred: Any, index: Any, msgs: Sequence[str]) -> Any
             raised is `msgs[index]`. Under `jax.vmap`, the largest index among the
             failing batch elements is used.
         msgs: the messages, a sequence of strings.
+        on_error: what a failure does, as for `error_if`: `"default"` (what
+            `PYTREE_TRANSFORMS_ON_ERROR` says), `"raise"`, `"nan"`, `"breakpoint"` or
+            `"off"`.
 
     Returns:
         `x`, with its arrays tied to the check (in mode `nan`, poisoned where it failed).
@@ -310,7 +327,8 @@ def branched_error_if(x: Any, pred: Any, index: Any, msgs: Sequence[str]) -> Any
             `ValueError` on later calls of a compiled function: JAX's C++ dispatch raises
             that); its text contains `RuntimeCheckError: ` and the message.
         TypeError: `pred` is not boolean, `index` not an integer, or a message not a str.
-        ValueError: `msgs` is empty, or `PYTREE_TRANSFORMS_ON_ERROR` is not a known mode.
+        ValueError: `msgs` is empty, or `on_error` (or, for `"default"`,
+            `PYTREE_TRANSFORMS_ON_ERROR`) is not a known mode.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -329,7 +347,7 @@ def branched_error_if(x: Any, pred: Any, index: Any, msgs: Sequence[str]) -> Any
         True
     """
     msgs = _check_arguments(pred, index, msgs, "branched_error_if")
-    mode = _on_error_mode()
+    mode = _on_error_mode(on_error, "branched_error_if")
     if mode == "off":
         return x
     with jax.ensure_compile_time_eval():
@@ -370,8 +388,8 @@ def _fail_now(x: Any, msg: str, mode: str) -> Any:
     """A failure known at trace time: act on it in Python, now."""
     if mode == "nan":
         warnings.warn(
-            f"A check failed at trace time, so `x` is replaced by NaNs now "
-            f"({ON_ERROR_VARIABLE}=nan): {msg}",
+            f"A check failed at trace time, so `x` is replaced by NaNs now (its mode is "
+            f"`nan`, from `on_error=` or {ON_ERROR_VARIABLE}): {msg}",
             stacklevel=_stacklevel_outside_package(),
         )
         return jax.tree.map(lambda leaf: _poisoned(leaf) if is_array(leaf) else leaf, x)
@@ -382,7 +400,7 @@ def _fail_now(x: Any, msg: str, mode: str) -> Any:
     raise RuntimeCheckError(msg)
 
 
-def error_if(x: Any, pred: Any, msg: str) -> Any:
+def error_if(x: Any, pred: Any, msg: str, *, on_error: str = "default") -> Any:
     """Raise an error where `pred` is true, from run-time values: works inside `jax.jit`.
 
     The check is compiled into the program: it runs when the program runs, under
@@ -394,11 +412,12 @@ def error_if(x: Any, pred: Any, msg: str) -> Any:
     (about 0.1 ms more per call on a CPU). Where `pred` is known when traced (eagerly, or a
     Python/NumPy bool) it is decided at once, and costs nothing at run time if false.
 
-    The environment variable `PYTREE_TRANSFORMS_ON_ERROR`, read when the check is traced,
-    says what a failure does: `raise` (the default) raises; `nan` returns `x` with its
-    floating arrays NaN (integers their largest value, bools True) where the check failed
-    and carries on; `breakpoint` prints the message and opens `jax.debug.breakpoint`;
-    `off` removes the check.
+    What a failure does is `on_error`, or for `"default"` the environment variable
+    `PYTREE_TRANSFORMS_ON_ERROR`, read when the check is traced: `raise` (the default)
+    raises; `nan` returns `x` with its floating arrays NaN (integers their largest value,
+    bools True) where the check failed and carries on; `breakpoint` prints the message and
+    opens `jax.debug.breakpoint`; `off` removes the check. A check given its own
+    `on_error` ignores the environment variable.
 
     Arguments:
         x: any pytree; returned as it is, with the check tied to its arrays: the check
@@ -407,6 +426,7 @@ def error_if(x: Any, pred: Any, msg: str) -> Any:
         pred: a boolean array of any shape, or a bool; the check fails if any element is
             true (under `jax.vmap`, in any batch element).
         msg: the error message.
+        on_error: `"default"`, `"raise"`, `"nan"`, `"breakpoint"` or `"off"` (see above).
 
     Returns:
         `x`, with its arrays tied to the check.
@@ -418,6 +438,7 @@ def error_if(x: Any, pred: Any, msg: str) -> Any:
             that); its text contains `RuntimeCheckError: `, the message and the line of
             the check.
         TypeError: `pred` is not boolean, or `msg` not a str.
+        ValueError: `on_error` is not one of the values above.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -437,6 +458,9 @@ def error_if(x: Any, pred: Any, msg: str) -> Any:
         Traceback (most recent call last):
         ...
         pytree_transforms.RuntimeCheckError: negative
+        >>> poisoned = jax.jit(lambda x: error_if(x, x < 0, "negative", on_error="nan"))
+        >>> poisoned(jnp.array([-1.0, 2.0]))  # this check returns NaNs rather than raising
+        Array([nan, nan], dtype=float32)
     """
     if not isinstance(msg, str):
         raise TypeError(
@@ -444,4 +468,10 @@ def error_if(x: Any, pred: Any, msg: str) -> Any:
             "Format values into the text before the check; for a message picked at run "
             "time, use `branched_error_if(x, pred, index, msgs)`."
         )
-    return branched_error_if(x, pred, 0, [msg])
+    if on_error != "default" or type(on_error) is not str:
+        _on_error_mode(on_error, "error_if")  # refused here, naming this function
+    return branched_error_if(x, pred, 0, [msg], on_error=on_error)
+
+
+# `Enumeration` members' `error_if` is this check (pytree_module cannot import it).
+register_error_if(branched_error_if)

@@ -21,11 +21,17 @@ from jax.interpreters import ad, batching, mlir
 from pytree_filter import is_array
 
 
-def _check_name(name: Any, function: str) -> None:
+def _check_name(name: Any, msg: Any, function: str) -> None:
     if name is not None and not isinstance(name, str):
         raise TypeError(
             f"{function}(name=...) must be a str (what the value is, for the error message) "
             f'or None, got {type(name).__name__} {name!r:.60}; e.g. name="the step size".'
+        )
+    if msg is not None and not isinstance(msg, str):
+        raise TypeError(
+            f"{function}(msg=...) must be a str (the whole error message) or None, got "
+            f"{type(msg).__name__} {msg!r:.60}; format values into the text first, e.g. "
+            'msg=f"the step size {h} cannot be differentiated".'
         )
 
 
@@ -44,12 +50,13 @@ def _refuse_tangents_jvp(message: str, primals: Any, tangents: Any) -> Any:
     raise RuntimeError(message)
 
 
-def nondifferentiable(x: Any, *, name: str | None = None) -> Any:
+def nondifferentiable(x: Any, *, name: str | None = None, msg: str | None = None) -> Any:
     """The identity, which raises if it is differentiated, in forward or reverse mode.
 
     Arguments:
         x: any pytree; its arrays are marked, its other leaves returned as they are.
         name: what `x` is, for the error message.
+        msg: the whole error message, in place of the one made from `name`.
 
     Returns:
         `x`, unchanged.
@@ -67,14 +74,20 @@ def nondifferentiable(x: Any, *, name: str | None = None) -> Any:
         Traceback (most recent call last):
         ...
         RuntimeError: the step size cannot be differentiated, ...
+        >>> jax.grad(lambda x: nondifferentiable(x, msg="use the adjoint instead") ** 2)(1.0)
+        Traceback (most recent call last):
+        ...
+        RuntimeError: use the adjoint instead...
     """
-    _check_name(name, "nondifferentiable")
-    message = (
-        f"{name or 'A value marked `nondifferentiable`'} cannot be differentiated, but a "
-        "derivative (forward or reverse mode) reached it. Keep it out of what is "
-        "differentiated: pass it in an argument that `filter_grad`/`jax.grad` does not "
-        "differentiate, or apply `jax.lax.stop_gradient` to its input."
-    )
+    _check_name(name, msg, "nondifferentiable")
+    message = msg
+    if message is None:
+        message = (
+            f"{name or 'A value marked `nondifferentiable`'} cannot be differentiated, but a "
+            "derivative (forward or reverse mode) reached it. Keep it out of what is "
+            "differentiated: pass it in an argument that `filter_grad`/`jax.grad` does not "
+            "differentiate, or apply `jax.lax.stop_gradient` to its input."
+        )
     return _with_arrays(functools.partial(_refuse_tangents, message), x)
 
 
@@ -124,7 +137,7 @@ ad.primitive_transposes[_nondifferentiable_backward_p] = _transpose
 batching.primitive_batchers[_nondifferentiable_backward_p] = _batch
 
 
-def nondifferentiable_backward(x: Any, *, name: str | None = None) -> Any:
+def nondifferentiable_backward(x: Any, *, name: str | None = None, msg: str | None = None) -> Any:
     """The identity, which raises if it is differentiated in reverse mode.
 
     Forward mode (`jax.jvp`, `jax.jacfwd`) passes tangents through it unchanged; reverse
@@ -133,6 +146,7 @@ def nondifferentiable_backward(x: Any, *, name: str | None = None) -> Any:
     Arguments:
         x: any pytree; its arrays are marked, its other leaves returned as they are.
         name: what `x` is, for the error message.
+        msg: the whole error message, in place of the one made from `name`.
 
     Returns:
         `x`, unchanged.
@@ -152,12 +166,14 @@ def nondifferentiable_backward(x: Any, *, name: str | None = None) -> Any:
         ...
         RuntimeError: the input cannot be differentiated in reverse mode ...
     """
-    _check_name(name, "nondifferentiable_backward")
-    message = (
-        f"{name or 'A value marked `nondifferentiable_backward`'} cannot be differentiated "
-        "in reverse mode (`jax.grad`, `jax.vjp`, `filter_grad`), but a cotangent reached "
-        "it. Differentiate in forward mode (`jax.jvp`, `jax.jacfwd`) instead, or apply "
-        "`jax.lax.stop_gradient` to its input."
-    )
+    _check_name(name, msg, "nondifferentiable_backward")
+    message = msg
+    if message is None:
+        message = (
+            f"{name or 'A value marked `nondifferentiable_backward`'} cannot be "
+            "differentiated in reverse mode (`jax.grad`, `jax.vjp`, `filter_grad`), but a "
+            "cotangent reached it. Differentiate in forward mode (`jax.jvp`, `jax.jacfwd`) "
+            "instead, or apply `jax.lax.stop_gradient` to its input."
+        )
     bind = functools.partial(_nondifferentiable_backward_p.bind, message=message)
     return _with_arrays(bind, x)
