@@ -90,6 +90,32 @@ def test_wrappers_around_one_function_share_compilations():
     assert len(traces) == 5
 
 
+def test_a_new_instance_of_a_module_as_the_function_compiles_once():
+    traces = []
+
+    class Scale(Module):
+        def __init__(self, w, name="scale"):
+            self.w = w
+            self.name = name
+
+        def __call__(self, x):
+            traces.append(1)
+            return self.w * x
+
+    for w in (1.0, 2.0, 3.0):  # the model after each update: a new instance
+        out = filter_pmap(Scale(jnp.asarray(w)))(jnp.ones(N))
+        assert out.tolist() == [w] * N  # its own arrays, not the first's
+    assert len(traces) == 1
+    filter_pmap(Scale(jnp.asarray(1.0), name="other"))(jnp.ones(N))  # another static part
+    assert len(traces) == 2
+    model = Scale(jnp.ones(()))
+    ref = weakref.ref(model)
+    filter_pmap(model)(jnp.ones(N))
+    del model
+    gc.collect()
+    assert ref() is None  # the shared compilations keep no instance alive
+
+
 def test_compilation_cache_does_not_keep_the_function_alive():
     def double(x):
         return x * 2

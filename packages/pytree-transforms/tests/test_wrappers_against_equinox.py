@@ -51,6 +51,19 @@ def test_a_new_instance_as_the_function_traces_once(lib):
 
 
 @LIBS
+def test_filter_pmap_of_a_new_instance_compiles_no_more(lib):
+    traces = []
+    model_class = _model_class(lib, traces)
+    n = jax.local_device_count()
+    lib.filter_pmap(model_class(jnp.full(2, 1.0)))(jnp.ones((n, 2)))
+    first = len(traces)  # Equinox traces its first call twice
+    for w in (2.0, 3.0):
+        out = lib.filter_pmap(model_class(jnp.full(2, w)))(jnp.ones((n, 2)))
+        assert out.tolist() == [2 * w] * n
+    assert len(traces) == first
+
+
+@LIBS
 @pytest.mark.parametrize(
     "transform", ["filter_vmap", "filter_grad", "filter_value_and_grad", "filter_checkpoint"]
 )

@@ -127,7 +127,7 @@ def filter_jit(
         # A plain function is fixed: the wrapper is kept whole, keyed by the function.
         return _WRAPPERS.get(
             (fun, *options_key),
-            lambda: JitWrapper(function, compilations(), out, donate, jitkwargs),
+            lambda: JitWrapper(function, compilations(), out, donate, jitkwargs, True),
         )
     # A callable pytree (a Module, its method, a transform of one) is an input like the
     # arguments: its arrays are traced and its structure keys the compilations. So a new
@@ -138,7 +138,7 @@ def filter_jit(
     except (TypeError, ValueError):  # a node whose flatten refuses: let the call say why
         structure = fun
     shared = _WRAPPERS.get((structure, *options_key), compilations)
-    return JitWrapper(function, shared, out, donate, jitkwargs)
+    return JitWrapper(function, shared, out, donate, jitkwargs, False)
 
 
 class JitWrapper(BindsAsMethod):
@@ -159,6 +159,7 @@ class JitWrapper(BindsAsMethod):
         out: Any,
         donate: str,
         jitkwargs: dict[str, Any],
+        fixed_function: bool,
     ):
         self._fun = fun
         self._compilations = compilations
@@ -166,7 +167,7 @@ class JitWrapper(BindsAsMethod):
         # A plain function (a leaf, not a pytree) is the same on every call: the flattened
         # call holds a placeholder for it, so it need not be hashable, and `traced` puts it
         # back. A callable pytree (a Module, a bound method) is flattened with the call.
-        self._fun_in_call = _THE_FUNCTION if _is_leaf(fun) else fun
+        self._fun_in_call = _THE_FUNCTION if fixed_function else fun
         self._specs = specs
         self._out = out
         self._donate = donate
@@ -442,13 +443,18 @@ _THE_FUNCTION = _TheFunction()
 
 
 def _is_leaf(fun: Any) -> bool:
-    # A `pytree=False` Module is a leaf too, but it stays in the call to be refused there
-    # (with a pointer to pytree_graph).
-    leaves = jax.tree.leaves(fun)
-    if not leaves and isinstance(fun, BindsAsMethod):
-        # A transform of a plain function (`filter_grad(loss)`) is as fixed as the function.
-        return True
-    return len(leaves) == 1 and leaves[0] is fun and not isinstance(fun, Module)
+    """Whether `fun` is a plain function, fixed for the wrapper's life, rather than a
+    callable pytree that comes into each call. Looks one level down only: it runs on
+    every `filter_jit(...)`."""
+    if _flatten_one_level(fun) is None:
+        # A `pytree=False` Module is a leaf too, but it stays in the call to be refused
+        # there (with a pointer to pytree_graph).
+        return not isinstance(fun, Module)
+    # A transform of a plain function (`filter_grad(loss)`) is as fixed as the function.
+    return isinstance(fun, BindsAsMethod) and not jax.tree.leaves(fun)
+
+
+_flatten_one_level = jax.tree_util.default_registry.flatten_one_level
 
 
 # The wrappers made so far, so that wrapping the same function again with equal options

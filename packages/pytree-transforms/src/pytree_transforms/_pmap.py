@@ -238,7 +238,10 @@ def filter_pmap(
     Compilations are cached by the function: wrappers made around the same Python function
     with equal `out`/`out_axes` and `jax.pmap` options share them, so a wrapper made
     anew (in a loop, say) does not compile again. The cache does not keep the function
-    alive.
+    alive. A Module (any callable pytree) used as `fun` is an input like the arguments:
+    its arrays are traced, and wrappers of its instances share compilations keyed by its
+    structure, so `filter_pmap(model)` of the model after an update does not compile
+    again.
 
     With `donate=`, the compiled program may reuse the buffers of the input arrays for its
     outputs, and the arrays it reused are deleted. Only arrays already split across the

@@ -10,7 +10,8 @@ trace again. Two caches do this, and they differ in what they keep:
   references, and the last few looked up are kept besides.
 - `shared_cache` (`filter_pmap`) keeps only the compilations, which hold the function weakly
   (`FunctionRef`), so they can live exactly as long as the function: keyed weakly by a plain
-  function's identity, they never expire while it lives and never keep it alive.
+  function's identity (a callable pytree's class), they never expire while it lives and
+  never keep it alive.
 
 Neither can take the other's place without changing what is found: `WrapperCache` would
 forget a pmap's compilations after a few other wrappers, and `shared_cache` cannot hold a
@@ -77,19 +78,25 @@ class WrapperCache:
             self._recent.clear()
 
 
-# function -> {options key -> cache}. Weak in the function: its entries go when it does.
-_SHARED: weakref.WeakKeyDictionary[Callable[..., Any], dict[Any, Any]] = weakref.WeakKeyDictionary()
+_flatten_one_level = jax.tree_util.default_registry.flatten_one_level
+
+# function (or a callable pytree's class) -> {options key -> cache}. Weak in the function:
+# its entries go when it does.
+_SHARED: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
 
 
 def shared_cache(fun: Callable[..., Any], options: Any, make: Callable[[], Any]) -> Any:
     """The cache of compilations for `fun` with `options`, shared by every wrapper made
     around the same function with equal options, for as long as the function lives.
 
-    Only plain Python functions are shared, by identity. For any other callable (a bound
-    method, a `functools.partial`, a callable object), or options that are not hashable
-    once flattened, the caller gets a fresh `make()` of its own. What `make()` returns
-    must not hold `fun` (strongly), or the entry would keep the function alive: pass the
-    function to its compilations as `FunctionRef(fun)` instead.
+    Plain Python functions are shared by identity. A callable pytree (a Module, a bound
+    method of one), which comes into each call with the arguments, its arrays traced and
+    its structure in the static part, is shared by its class, so a new instance (the model
+    after an update) finds the compilations of the last; they live as long as the class.
+    For any other callable (a `functools.partial`, a callable object that is a leaf), or
+    options that are not hashable once flattened, the caller gets a fresh `make()` of its
+    own. What `make()` returns must not hold `fun` (strongly), or the entry would keep the
+    function alive: pass the function to its compilations as `FunctionRef(fun)` instead.
 
     Arguments:
         fun: the wrapped function.
@@ -100,17 +107,20 @@ def shared_cache(fun: Callable[..., Any], options: Any, make: Callable[[], Any])
     Returns:
         The shared cache, or a fresh one when `fun` or `options` cannot key it.
     """
+    owner: Any = fun
     if type(fun) is not types.FunctionType:
-        return make()
+        if _flatten_one_level(fun) is None:  # a leaf: it would be held in the static part
+            return make()
+        owner = type(fun)
     leaves, treedef = jax.tree.flatten(options)
     key = (treedef, tuple((type(leaf), leaf) for leaf in leaves))
     try:
         hash(key)
     except TypeError:
         return make()
-    per_options = _SHARED.get(fun)
+    per_options = _SHARED.get(owner)
     if per_options is None:
-        per_options = _SHARED[fun] = {}
+        per_options = _SHARED[owner] = {}
     cache = per_options.get(key)
     if cache is None:
         cache = per_options[key] = make()
