@@ -20,6 +20,7 @@ from ._custom_vjp import filter_custom_vjp as filter_custom_vjp
 from ._error_if import RuntimeCheckError as RuntimeCheckError
 from ._error_if import branched_error_if as branched_error_if
 from ._error_if import error_if as error_if
+from ._fori_loop import fori_loop as fori_loop
 from ._jit import filter_jit as filter_jit
 from ._noinline import noinline as noinline
 from ._nondifferentiable import nondifferentiable as nondifferentiable

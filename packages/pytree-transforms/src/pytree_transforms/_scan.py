@@ -11,7 +11,7 @@ from pytree_filter import is_array, path_text
 
 from ._checkpointed_loop import checkpointed_loop
 from ._errors import check_callable
-from ._while_loop import Carry, check_count, check_kind, default_checkpoints
+from ._while_loop import Carry, check_count, check_kind, default_checkpoints, with_weak_type
 
 KINDS = ("lax", "checkpointed")
 
@@ -104,34 +104,37 @@ def scan(
     xs_leaves, xs_def = jax.tree.flatten(xs)
     xs_leaves = [jnp.asarray(x) for x in xs_leaves]
 
-    def step(arrays: list[Any], x: Any) -> tuple[list[Any], list[Any]]:
+    def step(arrays: list[Any], x: Any) -> tuple[list[Any], Any]:
         new_carry, y = f(carry.rebuild(arrays), x)
-        return carry.split(new_carry, "f"), jax.tree.leaves(_outputs(y))
+        return carry.split(new_carry, "f"), _outputs(y)
 
     if kind == "lax":
-
-        def lax_step(arrays: list[Any], x: Any) -> tuple[list[Any], Any]:
-            new_carry, y = f(carry.rebuild(arrays), x)
-            return carry.split(new_carry, "f"), _outputs(y)
-
-        arrays, ys = lax.scan(lax_step, carry.arrays, xs, length, reverse=reverse, unroll=unroll)
+        arrays, ys = carry.run(
+            lambda: lax.scan(step, carry.arrays, xs, length, reverse=reverse, unroll=unroll)
+        )
         return carry.rebuild(arrays), ys
 
     steps = _scan_length(xs_leaves, length)
     x_example = xs_def.unflatten([jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in xs_leaves])
-    y_shapes = jax.eval_shape(
-        lambda a, x: _outputs(f(carry.rebuild(a), x)[1]), carry.arrays, x_example
-    )
+    # Traced once for the outputs' shapes, which also settles the carry's types (`Carry`).
+    y_shapes = carry.run(lambda: jax.eval_shape(step, carry.arrays, x_example))[1]
     y_leaves, y_def = jax.tree.flatten(y_shapes)
     ys = [jnp.zeros((steps, *y.shape), y.dtype) for y in y_leaves]
+
+    def outputs(arrays: list[Any], ys: list[Any]) -> tuple[Any, Any]:
+        # As `lax.scan`'s, with the weak types of the step's outputs.
+        ys = [with_weak_type(b, y.weak_type) for b, y in zip(ys, y_leaves, strict=True)]
+        return carry.rebuild(carry.finish(arrays)), y_def.unflatten(ys)
+
     if steps == 0:
-        return carry.rebuild(carry.arrays), y_def.unflatten(ys)
+        return outputs(carry.arrays, ys)
     if checkpoints is None:
         checkpoints = default_checkpoints(steps, caller)
 
     def loop_step(state: list[Any], ys: list[Any], x: list[Any]) -> Any:
         i, *arrays = state
         arrays, y = step(arrays, xs_def.unflatten(x))
+        y = jax.tree.leaves(y)
         index = steps - 1 - i if reverse else i
         ys = [lax.dynamic_update_index_in_dim(b, v, index, 0) for b, v in zip(ys, y, strict=True)]
         return [i + 1, *arrays], ys
@@ -146,4 +149,4 @@ def scan(
         checkpoints=min(checkpoints, steps),
         reverse_xs=reverse,
     )
-    return carry.rebuild(state[1:]), y_def.unflatten(ys)
+    return outputs(state[1:], ys)

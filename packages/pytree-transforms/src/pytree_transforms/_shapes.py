@@ -60,7 +60,14 @@ def filter_make_jaxpr(fun: Callable[..., Any]) -> Callable[..., tuple[Any, Any, 
             out = checking_writes(fun, "filter_make_jaxpr")(*call_args, **call_kwargs)
             return split_output(out, is_array, "filter_make_jaxpr")
 
-        shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), dynamic)
+        # Weak types kept, as `jax.make_jaxpr` keeps them: they decide the dtypes of
+        # what the function computes from its arguments.
+        shapes = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(
+                x.shape, x.dtype, weak_type=bool(getattr(x, "weak_type", False))
+            ),
+            dynamic,
+        )
         jaxpr, (out_shapes, out_static) = jax.make_jaxpr(traced, return_shape=True)(shapes)
         return (
             jaxpr,

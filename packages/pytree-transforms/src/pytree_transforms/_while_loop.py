@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.extend.core.primitives import convert_element_type_p
 
 from pytree_filter import is_array, path_text
 
@@ -51,9 +52,59 @@ def default_checkpoints(max_steps: int | None, caller: str) -> int:
     return max(1, math.ceil((math.sqrt(8 * max_steps + 1) - 3) / 2))
 
 
+_PYTHON_NUMBERS = (bool, int, float, complex)
+
+
+def is_carried(leaf: Any) -> bool:
+    """Whether a carry leaf is part of the loop's state: an array, or a Python number
+    (exactly `bool`, `int`, `float` or `complex`: an `IntEnum` member stays static), which
+    `jax.lax` loops make an array too."""
+    return is_array(leaf) or type(leaf) in _PYTHON_NUMBERS
+
+
+def as_array(leaf: Any) -> Any:
+    """A carried leaf as a JAX array, as `jax.lax` loops take it: JAX arrays (tracers
+    included) keep their weak type, Python numbers become weakly typed arrays (`bool` a
+    bool array), NumPy values strongly typed ones."""
+    return leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf)
+
+
+def with_weak_type(x: Any, weak: bool) -> Any:
+    """`x`, weakly typed or not as `weak` says, with its dtype and values.
+
+    A `jax.lax` loop's outputs have the weak types of its step's outputs; a loop built of
+    other primitives (a `lax.cond` keeps its last branch's) is given them here. No public
+    function makes a strongly typed array weak, so the primitive is bound directly.
+    """
+    if jax.typeof(x).weak_type == weak:
+        return x
+    if not weak:
+        return lax.convert_element_type(x, x.dtype)
+    return convert_element_type_p.bind(x, new_dtype=x.dtype, weak_type=True, sharding=None)
+
+
+class _Promote(Exception):
+    """A step traced with weakly typed carry leaves returned them with other dtypes:
+    the loop is traced again from those leaves converted, as `jax.lax` loops do."""
+
+    def __init__(self, carry: "Carry", dtypes: dict[int, Any]):
+        super().__init__("a weakly typed leaf of the carry is promoted; traced again")
+        self.carry = carry
+        self.dtypes = dtypes
+
+
 class Carry:
-    """A loop carry taken apart: its array leaves (what the loop carries) and the rest
-    (static, and checked to come back unchanged from every step)."""
+    """A loop carry taken apart: its arrays (what the loop carries: array leaves and
+    Python numbers) and the rest (static, and checked to come back unchanged from every
+    step).
+
+    Types follow `jax.lax` loops. A Python number is carried as a weakly typed array. A
+    weakly typed leaf that the step returns with another dtype is converted to the
+    promoted dtype of the two (a carry started at `0.0` and added to bfloat16 values is
+    carried as bfloat16), found by tracing the step once and tracing it again after (the
+    loop is run through `run`, which does it). The loop's outputs have the weak types of
+    the step's outputs (`finish`).
+    """
 
     def __init__(self, value: Any, caller: str, what: str = "init_val"):
         self.caller = caller
@@ -61,21 +112,41 @@ class Carry:
         pairs, self.treedef = jax.tree_util.tree_flatten_with_path(value)
         self.paths = [path_text(p) for p, _ in pairs]
         leaves = [leaf for _, leaf in pairs]
-        self.mask = [is_array(leaf) for leaf in leaves]
+        self.mask = [is_carried(leaf) for leaf in leaves]
         self.static = [leaf for leaf, m in zip(leaves, self.mask, strict=True) if not m]
-        # Strongly typed, so that every step gives back exactly the types it was given.
-        self.arrays = [
-            lax.convert_element_type(jnp.asarray(leaf), jnp.asarray(leaf).dtype)
-            for leaf, m in zip(leaves, self.mask, strict=True)
-            if m
-        ]
+        self.arrays = [as_array(leaf) for leaf, m in zip(leaves, self.mask, strict=True) if m]
         self.array_paths = [p for p, m in zip(self.paths, self.mask, strict=True) if m]
+        # Whether a step's output may still promote a weakly typed leaf: only the first
+        # trace of the step, as `jax.lax` (which traces at most twice).
+        self.may_promote = True
+        # The weak types of the step's outputs, once a trace of it succeeded.
+        self.out_weak: list[bool] | None = None
 
     def rebuild(self, arrays: list[Any]) -> Any:
         """The carry with these array leaves."""
         arrays_iter, static_iter = iter(arrays), iter(self.static)
         leaves = [next(arrays_iter) if m else next(static_iter) for m in self.mask]
         return self.treedef.unflatten(leaves)
+
+    def run(self, loop: Callable[[], Any]) -> Any:
+        """`loop()`, which runs the loop from `self.arrays`; again after promoting the
+        weakly typed leaves its step asked for (see `split`)."""
+        try:
+            return loop()
+        except _Promote as promote:
+            if promote.carry is not self:
+                raise
+            dtypes = promote.dtypes
+        self.may_promote = False
+        for index, dtype in dtypes.items():
+            self.arrays[index] = lax.convert_element_type(self.arrays[index], dtype)
+        return loop()
+
+    def finish(self, arrays: list[Any]) -> list[Any]:
+        """The loop's final arrays with the weak types of the step's outputs."""
+        if self.out_weak is None:  # the step was never traced (a loop of no steps)
+            return arrays
+        return [with_weak_type(a, w) for a, w in zip(arrays, self.out_weak, strict=True)]
 
     def split(self, value: Any, fun: str) -> list[Any]:
         """The array leaves of what `fun` returned, after checking it is a carry like this."""
@@ -87,20 +158,30 @@ class Carry:
                 f"returned {treedef}. Return a value of the same structure."
             )
         arrays = []
+        promote = {}
         array_index = static_index = 0
         for (_, leaf), path, m in zip(pairs, self.paths, self.mask, strict=True):
             if m:
                 expected = self.arrays[array_index]
                 array_index += 1
-                if not is_array(leaf):
+                if not is_carried(leaf):
                     raise ValueError(
                         f"{self.caller}: `{fun}` returned {type(leaf).__name__} {leaf!r:.40} "
                         f"at {path}, where `{self.what}` has an array of shape "
                         f"{expected.shape} and dtype {expected.dtype}. Return an array "
                         f"there, e.g. `jnp.asarray(..., dtype=jnp.{expected.dtype})`."
                     )
-                if jnp.shape(leaf) != expected.shape or jnp.result_type(leaf) != expected.dtype:
-                    got = f"{jnp.result_type(leaf)}{list(jnp.shape(leaf))}"
+                leaf = as_array(leaf)
+                if leaf.shape == expected.shape and leaf.dtype != expected.dtype:
+                    if self.may_promote and jax.typeof(expected).weak_type:
+                        # As `jax.lax`: the initial value takes the dtype it promotes to
+                        # with the output's; if that is not the output's, the next trace
+                        # refuses it.
+                        promote[array_index - 1] = jnp.result_type(expected, leaf)
+                        arrays.append(leaf)
+                        continue
+                if leaf.shape != expected.shape or leaf.dtype != expected.dtype:
+                    got = f"{leaf.dtype}{list(leaf.shape)}"
                     want = f"{expected.dtype}{list(expected.shape)}"
                     raise ValueError(
                         f"{self.caller}: `{fun}` changed the array at {path} from {want} to "
@@ -108,17 +189,23 @@ class Carry:
                         "cast or reshape the new value to the old one's (e.g. "
                         f"`.astype(jnp.{expected.dtype})`)."
                     )
-                arrays.append(lax.convert_element_type(leaf, expected.dtype))
+                arrays.append(leaf)
             else:
                 expected = self.static[static_index]
                 static_index += 1
                 if not _same(leaf, expected):
                     raise ValueError(
                         f"{self.caller}: `{fun}` changed the non-array leaf at {path} from "
-                        f"{expected!r:.40} to {leaf!r:.40}. Non-array leaves of the carry are "
-                        "static: they must not change across iterations. Make it an array "
-                        "(e.g. `jnp.asarray(...)`) if it has to change."
+                        f"{expected!r:.40} to {leaf!r:.40}. Leaves of the carry that are "
+                        "neither arrays nor Python numbers are static: they must not change "
+                        "across iterations. Make it an array (e.g. `jnp.asarray(...)`) if it "
+                        "has to change."
                     )
+        if promote:
+            raise _Promote(self, promote)
+        if self.out_weak is None:
+            self.out_weak = [jax.typeof(a).weak_type for a in arrays]
+        self.may_promote = False
         return arrays
 
     def condition(self, cond_fun: Callable[[Any], Any]) -> Callable[[list[Any]], Any]:
@@ -251,13 +338,15 @@ def while_loop(
     body = carry.body(body_fun)
     if max_steps == 0:
         return carry.rebuild(carry.arrays)
-    if kind == "lax":
-        arrays = _lax_loop(cond, body, carry.arrays, max_steps)
-    elif kind == "bounded":
-        arrays = bounded_loop(cond, body, carry.arrays, max_steps)
-    else:
-        arrays = _checkpointed(cond, body, carry.arrays, is_buffer, max_steps, checkpoints)
-    return carry.rebuild(arrays)
+
+    def loop() -> list[Any]:
+        if kind == "lax":
+            return _lax_loop(cond, body, carry.arrays, max_steps)
+        if kind == "bounded":
+            return bounded_loop(cond, body, carry.arrays, max_steps)
+        return _checkpointed(cond, body, carry.arrays, is_buffer, max_steps, checkpoints)
+
+    return carry.rebuild(carry.finish(carry.run(loop)))
 
 
 def _lax_loop(cond: Any, body: Any, arrays: list[Any], max_steps: int | None) -> list[Any]:
