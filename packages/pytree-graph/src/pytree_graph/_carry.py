@@ -1,6 +1,7 @@
 """`Carry`: the marker of what `scan` carries from step to step, in its `in_axes` and
 `out_axes`, and the rules a carry follows."""
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -60,3 +61,37 @@ def numbers_as_arrays(carry: Any) -> Any:
     if not any(map(_is_python_number, leaves)):
         return carry
     return treedef.unflatten([jnp.asarray(x) if _is_python_number(x) else x for x in leaves])
+
+
+def _type_of(value: Any) -> Any:
+    try:
+        return jax.typeof(value)
+    except TypeError:  # not an array: a value that only the structure check looks at
+        return None
+
+
+def check_carried_types(
+    before: list[Any], after: list[Any], where: Callable[[int], str], transform: str, what: str
+) -> None:
+    """Refuse a step that changed the shape or dtype of a carried value, naming where it is
+    (`where(position)`), before `jax.lax` refuses it with its own names for the leaves.
+
+    As `jax.lax`, a weakly typed value (a Python number) may come back with another dtype:
+    the loop is then traced again from it converted to the dtype the two promote to, and
+    this check, on that trace, refuses what is still different.
+    """
+    for position, (old, new) in enumerate(zip(before, after, strict=True)):
+        old_type, new_type = _type_of(old), _type_of(new)
+        if old_type is None or new_type is None:
+            continue
+        same_shape = old_type.shape == new_type.shape
+        if same_shape and (old_type.dtype == new_type.dtype or old_type.weak_type):
+            continue
+        want = f"{old_type.dtype}{list(old_type.shape)}"
+        got = f"{new_type.dtype}{list(new_type.shape)}"
+        raise ValueError(
+            f"{transform}: {what} changed the array at {where(position)} from {want} to "
+            f"{got}. A loop carry keeps its shapes and dtypes from step to step (a Python "
+            "number may take the dtype the step gives it, as in jax.lax): cast or reshape "
+            f"the new value to the old one's (e.g. `.astype(jnp.{old_type.dtype})`)."
+        )

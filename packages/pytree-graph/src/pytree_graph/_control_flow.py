@@ -26,12 +26,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pytree_filter import path_text
 from pytree_module import Module
 from pytree_transforms.extend import BindsAsMethod
 
 from ._aliases import check_one_spec, lift_recording_aliases, show_argument_path
 from ._boundary import Call, Inside
-from ._carry import Carry, numbers_as_arrays, show_axis
+from ._carry import Carry, check_carried_types, numbers_as_arrays, show_axis
 from ._errors import check_callable
 from ._graphdef import Builder, GraphDef, build
 from ._lift import LiftedCall, lift_once, value_of
@@ -122,7 +123,9 @@ def switch(index: Any, branches: Sequence[Callable[..., Any]], *operands: Any) -
     return _finish(lifted, result)
 
 
-def _carried(lifted: LiftedCall, value: Any, transform: str, what: str) -> list[Any]:
+def _carried(
+    lifted: LiftedCall, value: Any, transform: str, what: str, before: list[Any] | None = None
+) -> list[Any]:
     """The values of a loop carry, checking it kept the structure it came in with.
 
     Not `Inside.finish`: a loop step's output is the next step's input, not a change to
@@ -140,7 +143,11 @@ def _carried(lifted: LiftedCall, value: Any, transform: str, what: str) -> list[
             "Only the values of its Variables and arrays may change in the loop: make "
             "structural changes before or after it."
         )
-    return list(map(value_of, walk.leaves))
+    after = list(map(value_of, walk.leaves))
+    if before is not None:
+        where = lambda p: path_text(lifted.paths[p], root="the top level of the carry")  # noqa: E731
+        check_carried_types(before, after, where, transform, what)
+    return after
 
 
 def _loop_body(
@@ -149,7 +156,7 @@ def _loop_body(
     def body(*call: Any) -> list[Any]:
         *index, values = call
         inside = Inside(lifted.graphdef, values)
-        return _carried(lifted, body_fun(*index, inside.tree), transform, "body_fun")
+        return _carried(lifted, body_fun(*index, inside.tree), transform, "body_fun", values)
 
     return body
 
@@ -422,7 +429,7 @@ def _scan_carry_and_xs(
         if not (isinstance(out, tuple) and len(out) == 2):
             raise TypeError(f"scan: f must return a pair (carry, y), got {type(out).__name__}.")
         carry, y = out
-        new_carry = _carried(carry_lifted, carry, "scan", "f")
+        new_carry = _carried(carry_lifted, carry, "scan", "f", carry_values)
         x_outcome, x_after = x_inside.finish(None, structure="fixed", transform="scan")
         # Only what was written is stacked out of the loop.
         written = x_after if x_outcome.rewrite else [x_after[p] for p in x_outcome.changed]
@@ -745,6 +752,13 @@ class _GraphScan(BindsAsMethod):
                     "structural changes outside the loop."
                 )
             after = list(map(value_of, walk.leaves))
+            check_carried_types(
+                [values[p] for p in carried],
+                [after[p] for p in carried],
+                lambda i: where(carried[i]),
+                "scan",
+                "the function",
+            )
             for position in broadcast:
                 if after[position] is not values[position]:
                     raise ValueError(
