@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from pytree_transforms import fori_loop, scan, while_loop
+from pytree_module import Module, tree_at
+from pytree_transforms import apply_updates, fori_loop, scan, while_loop
 
 BF16 = jnp.bfloat16(1)
 
@@ -66,9 +67,7 @@ WHILES = {
     for kind in ("lax", "checkpointed", "bounded")
 }
 SCANS = {
-    kind: lambda init, body, kind=kind: scan(
-        lambda c, x: (body(c), c), init, length=3, kind=kind
-    )
+    kind: lambda init, body, kind=kind: scan(lambda c, x: (body(c), c), init, length=3, kind=kind)
     for kind in ("lax", "checkpointed")
 }
 FORIS = {
@@ -215,9 +214,7 @@ def test_static_leaves_stay_and_must_not_change(kind):
 @pytest.mark.parametrize("kind", ["lax", "checkpointed", "bounded"])
 def test_fori_loop_with_traced_bounds(kind):
     def run(n, x):
-        return fori_loop(
-            0, n, lambda i, c: (c[0] + i, c[1] * x), (0, 1.0), kind=kind, max_steps=8
-        )
+        return fori_loop(0, n, lambda i, c: (c[0] + i, c[1] * x), (0, 1.0), kind=kind, max_steps=8)
 
     def reference(n, x):
         return lax.fori_loop(0, n, lambda i, c: (c[0] + i, c[1] * x), (0, 1.0))
@@ -269,3 +266,69 @@ def test_fori_loop_errors():
         jax.jit(lambda n: fori_loop(0, n, lambda i, c: c, 0.0, kind="checkpointed"))(3)
     with pytest.raises(ValueError, match=r"fori_loop: `body_fun` changed the array at \[0\]"):
         fori_loop(0, 2, lambda i, c: (c[0] + 0.5, c[1]), (jnp.int32(0), "tag"))
+
+
+class _Cell(Module):
+    def __init__(self, value):
+        self.value = value
+
+
+class _Tied(Module):
+    def __init__(self, cell):
+        self.encoder = cell
+        self.decoder = cell
+
+
+def _tied():
+    return _Tied(_Cell(jnp.arange(3.0)))
+
+
+@pytest.mark.parametrize("kind", ["lax", "checkpointed", "bounded"])
+def test_carry_keeps_sharing(kind):
+    def body(c):
+        k, model = c
+        return k + 1, apply_updates(model, jax.tree.map(jnp.ones_like, model))
+
+    _, out = while_loop(lambda c: c[0] < 2, body, (0, _tied()), kind=kind, max_steps=3)
+    assert out.encoder is out.decoder
+    np.testing.assert_array_equal(out.encoder.value, jnp.arange(3.0) + 2)  # once a step
+    total, _ = scan(
+        lambda m, x: (m, x), _tied(), jnp.arange(2.0), kind=kind.replace("bounded", "lax")
+    )
+    assert total.encoder is total.decoder
+    out = fori_loop(
+        0,
+        2,
+        lambda i, m: tree_at(lambda t: t.encoder.value, m, m.encoder.value * 2),
+        _tied(),
+        kind=kind,
+    )
+    assert out.encoder is out.decoder
+    np.testing.assert_array_equal(out.decoder.value, jnp.arange(3.0) * 4)
+
+
+@pytest.mark.parametrize("kind", ["lax", "checkpointed", "bounded"])
+def test_carry_that_loses_its_sharing_is_refused(kind):
+    with pytest.raises(ValueError, match=r"shared objects .* are still shared.*apply_updates"):
+        while_loop(
+            lambda c: c[0] < 2,
+            lambda c: (c[0] + 1, jax.tree.map(lambda x: x * 2, c[1])),
+            (0, _tied()),
+            kind=kind,
+            max_steps=3,
+        )
+
+
+def test_gradient_through_a_shared_weight_in_the_carry():
+    def loss(w, kind):
+        def body(c):
+            k, model, acc = c
+            return k + 1, model, acc + (model.encoder.value * model.decoder.value).sum()
+
+        return while_loop(
+            lambda c: c[0] < 3, body, (0, _Tied(_Cell(w)), 0.0), kind=kind, max_steps=3
+        )[2]
+
+    w = jnp.arange(3.0)
+    for kind in ("checkpointed", "bounded"):
+        np.testing.assert_allclose(jax.grad(loss)(w, kind), 6 * w)

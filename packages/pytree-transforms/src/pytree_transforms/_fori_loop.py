@@ -114,13 +114,13 @@ def fori_loop(
         return [i + 1, *carry.split(body_fun(i, carry.rebuild(arrays)), "body_fun")]
 
     known = not isinstance(lower, Tracer) and not isinstance(upper, Tracer)
-    if not known or kind != "lax":
-        if unroll is not None and unroll is not False and unroll != 1:
-            where = "bounds known at trace time" if known else 'kind="lax"'
-            raise ValueError(
-                f"{caller}: `unroll` applies to loops with {where} only; drop it, or "
-                + ("use kind='lax'." if known else "pass Python ints as `lower`, `upper`.")
-            )
+    unrolled = unroll is not None and unroll is not False and unroll != 1
+    if unrolled and (not known or kind != "lax"):
+        where = 'kind="lax"' if known else "bounds known at trace time"
+        raise ValueError(
+            f"{caller}: `unroll` applies to loops with {where} only; drop it, or "
+            + ("use kind='lax'." if known else "pass Python ints as `lower`, `upper`.")
+        )
     if known:
         steps = max(int(upper) - int(lower), 0)
         if max_steps is not None:
@@ -172,4 +172,3 @@ def fori_loop(
             return _checkpointed(going, step, state, no_buffers, max_steps, checkpoints)
 
     return carry.rebuild(carry.finish(carry.run(loop)[1:]))
-

@@ -58,7 +58,11 @@ def scan(
     """`jax.lax.scan` with any carry, and a checkpointed kind for reverse mode in bounded
     memory.
 
-    The carry may hold non-array leaves: they are static and must come back unchanged.
+    The carry follows `jax.lax.scan`, with every `kind`: Python numbers in it are carried
+    as weakly typed arrays, a weakly typed leaf takes the dtype the step gives it (`0.0`
+    added to bfloat16 `xs` is carried as bfloat16), and the outputs are weakly typed where
+    the step's are. Leaves that are neither arrays nor numbers (strings, functions) are
+    static and must come back unchanged.
 
     Arguments:
         f: `(carry, x) -> (carry, y)`.

@@ -15,6 +15,7 @@ from pytree_filter import is_array, path_text
 
 from ._checkpointed_loop import checkpointed_loop
 from ._errors import check_callable
+from ._sharing import Sharing, find_sharing, has_repeats
 
 KINDS = ("lax", "checkpointed", "bounded")
 _BASE = 16  # steps per level of the nested scans of kind="bounded"
@@ -110,6 +111,11 @@ class Carry:
         self.caller = caller
         self.what = what
         pairs, self.treedef = jax.tree_util.tree_flatten_with_path(value)
+        # An object (a Module, a Variable) reached twice is carried once and comes back as
+        # one object, as through the other filtered transforms.
+        self.sharing = _sharing_of(value, self.treedef, pairs)
+        if self.sharing is not None:
+            pairs = self.sharing.dedupe(pairs)
         self.paths = [path_text(p) for p, _ in pairs]
         leaves = [leaf for _, leaf in pairs]
         self.mask = [is_carried(leaf) for leaf in leaves]
@@ -126,6 +132,8 @@ class Carry:
         """The carry with these array leaves."""
         arrays_iter, static_iter = iter(arrays), iter(self.static)
         leaves = [next(arrays_iter) if m else next(static_iter) for m in self.mask]
+        if self.sharing is not None:
+            return self.sharing.unflatten(leaves)
         return self.treedef.unflatten(leaves)
 
     def run(self, loop: Callable[[], Any]) -> Any:
@@ -157,6 +165,16 @@ class Carry:
                 f"`{self.what}`, but `{self.what}` has structure {self.treedef} and `{fun}` "
                 f"returned {treedef}. Return a value of the same structure."
             )
+        if self.sharing is not None:
+            if _sharing_of(value, treedef, pairs) is not self.sharing:
+                raise ValueError(
+                    f"{self.caller}: `{fun}` must return a carry whose shared objects (one "
+                    f"Module or Variable at several places of `{self.what}`) are still "
+                    "shared, each one object at the same places. `jax.tree.map` builds a "
+                    "copy at each place: update with `apply_updates` or `tree_at`, which keep "
+                    "the sharing."
+                )
+            pairs = self.sharing.dedupe(pairs)
         arrays = []
         promote = {}
         array_index = static_index = 0
@@ -172,14 +190,17 @@ class Carry:
                         f"there, e.g. `jnp.asarray(..., dtype=jnp.{expected.dtype})`."
                     )
                 leaf = as_array(leaf)
-                if leaf.shape == expected.shape and leaf.dtype != expected.dtype:
-                    if self.may_promote and jax.typeof(expected).weak_type:
-                        # As `jax.lax`: the initial value takes the dtype it promotes to
-                        # with the output's; if that is not the output's, the next trace
-                        # refuses it.
-                        promote[array_index - 1] = jnp.result_type(expected, leaf)
-                        arrays.append(leaf)
-                        continue
+                if (
+                    leaf.shape == expected.shape
+                    and leaf.dtype != expected.dtype
+                    and self.may_promote
+                    and jax.typeof(expected).weak_type
+                ):
+                    # As `jax.lax`: the initial value takes the dtype it promotes to with
+                    # the output's; if that is not the output's, the next trace refuses it.
+                    promote[array_index - 1] = jnp.result_type(expected, leaf)
+                    arrays.append(leaf)
+                    continue
                 if leaf.shape != expected.shape or leaf.dtype != expected.dtype:
                     got = f"{leaf.dtype}{list(leaf.shape)}"
                     want = f"{expected.dtype}{list(expected.shape)}"
@@ -233,6 +254,14 @@ class Carry:
         return lambda arrays: self.split(body_fun(self.rebuild(arrays)), "body_fun")
 
 
+def _sharing_of(tree: Any, treedef: Any, pairs: list[Any]) -> Sharing | None:
+    """The shared objects of a carry (see `_sharing`), looked for only where the cheap test
+    says there may be some."""
+    if not has_repeats([leaf for _, leaf in pairs]):
+        return None
+    return find_sharing(tree, treedef)
+
+
 def _same(a: Any, b: Any) -> bool:
     if a is b:
         return True
@@ -273,9 +302,12 @@ def while_loop(
 ) -> Any:
     """`jax.lax.while_loop` over any pytree, with a reverse-mode differentiable choice.
 
-    The carry may hold non-array leaves (strings, Python numbers, functions): they are
-    static and must come back unchanged from every step. Its arrays keep their shapes and
-    dtypes from step to step.
+    The carry follows `jax.lax.while_loop`: Python numbers in it are carried as weakly
+    typed arrays (a counter started at `0` comes back an int32 array), its arrays keep
+    their shapes and dtypes from step to step except that a weakly typed one takes the
+    dtype the step gives it (a `0.0` that the step adds bfloat16 values to is carried as
+    bfloat16), and the final carry is weakly typed where the step's outputs are, with every
+    `kind`. Other leaves (strings, functions) are static and must come back unchanged.
 
     Arguments:
         cond_fun: `carry -> bool`, a Python bool or a bool array of shape ().
