@@ -4,12 +4,17 @@ The forward pass is a `lax.while_loop` that counts its steps and saves its input
 `max_steps` bounds the loop, the checkpoints that the backward pass's first sweep would place
 for `max_steps` steps (`_save_while_running`). The backward pass reverses the steps with
 Griewank's treeverse ("revolve"): it keeps at most `checkpoints` carries on a stack of
-fixed-size buffers, the initial one at the bottom, and at each iteration either takes the VJP
-of one step at the newest checkpoint (when that is the step to reverse) and pops it, or
-advances from the newest checkpoint and pushes the carry reached, at the position that
-Griewank and Walther's rule picks (`_split`), which makes the fewest recomputations of any
-schedule with that many checkpoints (less the first sweep, when the forward pass placed its
-checkpoints).
+fixed-size buffers, the initial one at the bottom; for each step to reverse, it advances from
+the newest checkpoint, pushing the carries reached at the positions that Griewank and
+Walther's rule picks (`_split`), which makes the fewest recomputations of any schedule with
+that many checkpoints (less the first sweep, when the forward pass placed its checkpoints),
+then takes the VJP of that one step and pops the checkpoint there.
+
+The derivative is a `jax.custom_jvp` whose tangent is a linear primitive (`_tangent_p`) with
+two implementations: evaluated (`jax.jvp`) it runs the loop again in forward mode; transposed
+(`jax.grad`, `jax.vjp`) it runs the backward pass above. Which carry leaves the derivative
+reaches (are "perturbed") is worked out when traced, from which inputs have symbolic-zero
+tangents; the others get symbolic-zero tangents out, as a `lax` loop gives them.
 
 References: A. Griewank, "Achieving logarithmic growth of temporal and spatial complexity in
 reverse automatic differentiation", Optimization Methods and Software 1 (1992); A. Griewank
@@ -23,9 +28,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
+from jax.interpreters import ad, batching, mlir
 
 from pytree_filter import is_inexact_array
 
@@ -97,19 +105,14 @@ def _drop(mask: Sequence[bool], values: Sequence[Any]) -> list[Any]:
     return [v for v, m in zip(values, mask, strict=True) if not m]
 
 
-def _zero_cotangent(x: Any, inexact: bool) -> Any:
-    """The cotangent JAX expects for an input that gets none: zeros, or float0 for integers."""
-    if inexact:
-        return jnp.zeros_like(x)
-    return np.zeros(np.shape(x), dtype=jax.dtypes.float0)
-
-
 def _empty_stack(state: list[Any], checkpoints: int) -> tuple[list[Any], Any]:
-    """Room for `checkpoints` states and their step numbers, with `state` at step 0."""
+    """Room for `checkpoints` states and their step numbers, with `state` at step 0, and one
+    more slot, never read, that `_push_if` writes when it does not push."""
     stack = [
-        jnp.zeros((checkpoints, *jnp.shape(s)), jnp.result_type(s)).at[0].set(s) for s in state
+        jnp.zeros((checkpoints + 1, *jnp.shape(s)), jnp.result_type(s)).at[0].set(s)
+        for s in state
     ]
-    return stack, jnp.zeros((checkpoints,), jnp.int32)
+    return stack, jnp.zeros((checkpoints + 1,), jnp.int32)
 
 
 def _push_if(
@@ -117,21 +120,17 @@ def _push_if(
 ) -> tuple[list[Any], Any]:
     """`stack` with `state`, at step `position`, stored in slot `top` where `flag` holds.
 
-    Done as a write of that slot in every case (of its own value where `flag` is false),
-    outside any `lax.cond`: XLA then updates the stack in place, where a `cond` returning it
-    would copy it at every iteration.
+    Done as a write in every case, outside any `lax.cond`, into the spare last slot where
+    `flag` is false: XLA then updates the stack in place, where a `cond` returning it, or a
+    read of the slot before writing it, would copy the whole stack at every iteration.
     """
     states, positions = stack
-    checkpoints = positions.shape[0]
-    slot = jnp.minimum(top, checkpoints - 1)
+    spare = positions.shape[0] - 1
+    slot = jnp.where(flag, jnp.minimum(top, spare - 1), spare)
     states = [
-        lax.dynamic_update_index_in_dim(
-            s, jnp.where(flag, v, lax.dynamic_index_in_dim(s, slot, keepdims=False)), slot, 0
-        )
-        for s, v in zip(states, state, strict=True)
+        lax.dynamic_update_index_in_dim(s, v, slot, 0) for s, v in zip(states, state, strict=True)
     ]
-    positions = positions.at[slot].set(jnp.where(flag, position, positions[slot]))
-    return states, positions
+    return states, lax.dynamic_update_index_in_dim(positions, position, slot, 0)
 
 
 def _save_while_running(
@@ -153,6 +152,128 @@ def _save_while_running(
     return [stack, top, next_to_save]
 
 
+# The tangent of the loop: linear in its last inputs (the tangents of the loop's perturbed
+# inputs) given the first `num_res` (what the forward pass kept). `forward(res, lin)` gives
+# the output tangents and `transpose(res, cts)` the input cotangents, both on flat lists.
+_tangent_p = jax.extend.core.Primitive("checkpointed_loop_tangent")
+_tangent_p.multiple_results = True
+
+
+def _tangent_impl(*args: Any, forward: Any, transpose: Any, num_res: int, out_avals: Any) -> Any:
+    return forward(list(args[:num_res]), list(args[num_res:]))
+
+
+def _tangent_abstract_eval(*args: Any, out_avals: Any, **params: Any) -> Any:
+    return list(out_avals)
+
+
+def _tangent_jvp(
+    primals: Any, tangents: Any, *, forward: Any, transpose: Any, num_res: int, out_avals: Any
+) -> Any:
+    params = dict(forward=forward, transpose=transpose, num_res=num_res, out_avals=out_avals)
+    res, lin = list(primals[:num_res]), list(primals[num_res:])
+    t_res, t_lin = tangents[:num_res], tangents[num_res:]
+    out = _tangent_p.bind(*primals, **params)
+    t_lin = [ad.instantiate_zeros(t) for t in t_lin]
+    t_out = _tangent_p.bind(*res, *t_lin, **params)
+    if any(type(t) is not ad.Zero for t in t_res):
+        # A second derivative through what the forward pass kept: forward mode only (this
+        # part is a `lax.while_loop`, which reverse mode cannot transpose).
+        t_res = [ad.instantiate_zeros(t) for t in t_res]
+        _, more = jax.jvp(lambda r: forward(r, lin), (res,), (t_res,))
+        t_out = [a + b for a, b in zip(t_out, more, strict=True)]
+    return out, t_out
+
+
+def _tangent_transpose(
+    cts: Any, *args: Any, forward: Any, transpose: Any, num_res: int, out_avals: Any
+) -> list[Any]:
+    res = list(args[:num_res])
+    if any(ad.is_undefined_primal(r) for r in res):
+        raise NotImplementedError(
+            'Reverse mode through the derivative of a kind="checkpointed" loop (reverse '
+            "over forward, or a second reverse pass) is not supported; differentiate the "
+            "second time in forward mode (e.g. `jax.jacfwd(jax.grad(f))`)."
+        )
+    cts = [
+        jnp.zeros(a.shape, a.dtype) if type(c) is ad.Zero else c
+        for c, a in zip(cts, out_avals, strict=True)
+    ]
+    return [None] * num_res + list(transpose(res, cts))
+
+
+def _tangent_batch(
+    args: Any, dims: Any, *, forward: Any, transpose: Any, num_res: int, out_avals: Any
+) -> Any:
+    size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
+    moved = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims, strict=True)]
+    res, lin = moved[:num_res], moved[num_res:]
+    res_axes = [None if d is None else 0 for d in dims[:num_res]]
+    # Every tangent batched, so that the transpose's cotangents all are too.
+    lin = [
+        jnp.broadcast_to(a, (size, *jnp.shape(a))) if d is None else a
+        for a, d in zip(lin, dims[num_res:], strict=True)
+    ]
+
+    def batched_forward(res: list[Any], lin: list[Any]) -> Any:
+        return jax.vmap(forward, in_axes=(res_axes, 0))(res, lin)
+
+    def batched_transpose(res: list[Any], cts: list[Any]) -> Any:
+        return jax.vmap(transpose, in_axes=(res_axes, 0))(res, cts)
+
+    batched_avals = tuple(a.update(shape=(size, *a.shape)) for a in out_avals)
+    out = _tangent_p.bind(
+        *res,
+        *lin,
+        forward=batched_forward,
+        transpose=batched_transpose,
+        num_res=num_res,
+        out_avals=batched_avals,
+    )
+    return out, [0] * len(out)
+
+
+_tangent_p.def_impl(_tangent_impl)
+_tangent_p.def_abstract_eval(_tangent_abstract_eval)
+mlir.register_lowering(_tangent_p, mlir.lower_fun(_tangent_impl, multiple_results=True))
+ad.primitive_jvps[_tangent_p] = _tangent_jvp
+ad.primitive_transposes[_tangent_p] = _tangent_transpose
+batching.primitive_batchers[_tangent_p] = _tangent_batch
+
+
+def _reached(
+    fun: Callable[..., list[Any]], values: list[Any], mask: list[bool], n_out: int
+) -> list[bool]:
+    """Which of the `n_out` outputs of `fun(*values)` depend differentiably on the inputs where `mask`
+    holds. Worked out when traced (in `jax.eval_shape`), at no run cost."""
+    found: dict[int, bool] = {}
+
+    def recorder(k: int) -> Any:
+        @jax.custom_jvp
+        def record(x: Any) -> Any:
+            return x
+
+        def record_jvp(primals: Any, tangents: Any) -> Any:
+            found[k] = type(tangents[0]) is not SymbolicZero
+            return primals[0], tangents[0]
+
+        record.defjvp(record_jvp, symbolic_zeros=True)
+        return record
+
+    def probe(diff: list[Any], rest: list[Any]) -> None:
+        def linear(*diff: Any) -> Any:
+            out = fun(*_merge(mask, list(diff), rest))
+            return [recorder(k)(o) if is_inexact_array(o) else o for k, o in enumerate(out)]
+
+        # `linearize`, not `jvp`: the step may hold `custom_vjp` functions.
+        jax.linearize(linear, *diff)
+
+    shapes = [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for v in values]
+    if any(mask):
+        jax.eval_shape(probe, _pick(mask, shapes), _drop(mask, shapes))
+    return [found.get(k, False) for k in range(n_out)]
+
+
 def checkpointed_loop(
     step: Step,
     cond: Cond | None,
@@ -163,14 +284,18 @@ def checkpointed_loop(
     max_steps: int | None,
     checkpoints: int,
     reverse_xs: bool = False,
+    progress: Any = None,
 ) -> tuple[list[Any], list[Any]]:
     """Run `state, buffers = step(state, buffers, x_i)` while `cond(state, buffers)` holds (and
-    fewer than `max_steps` steps ran), reverse-mode differentiably in bounded memory.
+    fewer than `max_steps` steps ran), differentiably in both modes, reverse mode in bounded
+    memory.
 
     `x_i` is `[x[i] for x in xs]` (`x[max_steps - 1 - i]` with `reverse_xs`); `xs` needs
     `max_steps`. Only `state` is checkpointed; `buffers` are written in place by `step`, each
     location at most once, and read only where written. `step` and `cond` may close over
-    arrays: those get gradients (`step`'s) or none (`cond`'s).
+    arrays: those get gradients (`step`'s) or none (`cond`'s). `progress`, if given, has
+    `start()`, `update(i, state, buffers, extra)` and `finish(extra)`, called by the loop
+    itself only, never by the recomputations of the backward pass.
 
     Returns the final `(state, buffers)`.
     """
@@ -186,6 +311,7 @@ def checkpointed_loop(
 
     groups = (state, buffers, xs, step_consts, cond_consts)
     sizes = [len(g) for g in groups]
+    n_state, n_carry = sizes[0], sizes[0] + sizes[1]
 
     def ungroup(values: Sequence[Any]) -> list[list[Any]]:
         out, start = [], 0
@@ -195,12 +321,10 @@ def checkpointed_loop(
         return out
 
     inputs = [leaf for group in groups for leaf in group]
-    # Which inputs get a cotangent: floating-point ones, except what `cond` closes over.
-    # Decided here, on the inputs themselves: inside the backward pass the residuals of
-    # weakly typed inputs may have lost what tells their dtype.
-    inexact = [is_inexact_array(x) for x in inputs]
-    wants = inexact[: sum(sizes[:4])] + [False] * sizes[4]
-    state_mask, buffer_mask, xs_mask, consts_mask, _ = ungroup(inexact)
+    # Which inputs can carry a derivative: floating-point ones, except what `cond` closes
+    # over. Decided here, on the inputs themselves: inside the derivative rules weakly typed
+    # values may have lost what tells their dtype.
+    inexact = [is_inexact_array(x) for x in inputs[: sum(sizes[:4])]] + [False] * sizes[4]
 
     def x_at(xs: list[Any], i: Any) -> list[Any]:
         index = max_steps - 1 - i if reverse_xs else i
@@ -222,141 +346,335 @@ def checkpointed_loop(
             return going
 
         def advance(carry: tuple[Any, ...]) -> tuple[Any, ...]:
-            i, state, buffers, *saved = carry
+            i, state, buffers, extra, *saved = carry
             if saving:
                 saved = _save_while_running(i, state, saved, max_steps, checkpoints)
             state, buffers = run_step(step_consts, state, buffers, x_at(xs, i))
-            return i + 1, state, buffers, *saved
+            if progress is not None:
+                extra = progress.update(i + 1, state, buffers, extra)
+            return i + 1, state, buffers, extra, *saved
 
-        carry: tuple[Any, ...] = (jnp.int32(0), state, buffers)
+        extra = None if progress is None else progress.start()
+        carry: tuple[Any, ...] = (jnp.int32(0), state, buffers, extra)
         if saving:
             first = _split(max_steps, checkpoints) if max_steps > 1 else max_steps
             carry += (_empty_stack(state, checkpoints), jnp.int32(1), jnp.int32(first))
-        out = lax.while_loop(keep_going, advance, carry)
-        return out[:5]
+        count, state, buffers, extra, *saved = lax.while_loop(keep_going, advance, carry)
+        if progress is not None:
+            progress.finish(extra)
+        return count, state, buffers, *saved[:2]
 
     # Checkpoints are placed during the forward pass when the loop's length is bounded: where
     # the backward pass would put them for a loop of `max_steps` steps. A loop that stops
     # earlier keeps those before its end, and the backward pass places the others.
     saving = max_steps is not None and checkpoints > 1
 
-    @jax.custom_vjp
-    def loop(inputs: list[Any]) -> tuple[Any, ...]:
-        return forward(inputs, saving=False)
+    def primal(inputs: list[Any]) -> list[Any]:
+        _, state, buffers, *_ = forward(inputs, saving=False)
+        return [*state, *buffers]
 
-    def loop_fwd(inputs: list[Any]) -> tuple[Any, tuple[Any, ...]]:
-        out = forward(inputs, saving)
-        count, _, final_buffers, *saved = out
-        return out[:3], (inputs, count, final_buffers, *saved)
+    def perturbed_carry(given: list[bool]) -> list[bool]:
+        """The carry leaves that the derivative reaches, from the inputs it enters by
+        (`given`): those, and what any number of steps carries them to."""
+        given_carry = given[:n_carry]
+        _, _, given_xs, given_consts, _ = ungroup(given)
+        examples = [*inputs[:n_carry], *x_example, *inputs[n_carry:][sizes[2] :][: sizes[3]]]
 
-    def loop_bwd(residuals: tuple[Any, ...], cotangents: Any) -> tuple[list[Any]]:
-        inputs, count, final_buffers, *saved = residuals
-        _, ct_state, ct_buffers = cotangents
-        state, _, xs, step_consts, _ = ungroup(inputs)
+        def one_step(*values: Any) -> list[Any]:
+            carry, x, consts = values[:n_carry], values[n_carry:-sizes[3] or None], []
+            if sizes[3]:
+                consts = list(values[-sizes[3] :])
+            new_state, new_buffers = run_step(
+                consts, list(carry[:n_state]), list(carry[n_state:]), list(x)
+            )
+            return [*new_state, *new_buffers]
+
+        perturbed = list(given_carry)
+        while True:
+            mask = [*perturbed, *given_xs, *given_consts]
+            reached = _reached(one_step, examples, mask, n_carry)
+            new = [g or r for g, r in zip(given_carry, reached, strict=True)]
+            if new == perturbed:
+                return perturbed
+            perturbed = [p or n for p, n in zip(perturbed, new, strict=True)]
+
+    def loop_jvp(primals: Any, tangents: Any) -> tuple[list[Any], list[Any]]:
+        ((inputs,), (t_inputs,)) = primals, tangents
+        given = [
+            i and type(t) is not SymbolicZero for i, t in zip(inexact, t_inputs, strict=True)
+        ]
+        perturbed = perturbed_carry(given)
+        count, final_state, final_buffers, *saved = forward(inputs, saving)
+        out = [*final_state, *final_buffers]
+        zeros = [
+            SymbolicZero(jax.core.ShapedArray(jnp.shape(o), jnp.result_type(o)).to_tangent_aval())
+            for o in out
+        ]
+        if not any(perturbed):
+            return out, zeros
+        tangent = _Tangent(
+            ungroup, sizes, given, perturbed, x_at, run_step, checkpoints, max_steps, reverse_xs
+        )
+        res = [*inputs, count, *final_buffers]
+        if saved:
+            (stack, positions), top = saved
+            res += [*stack, positions, top]
+        lin = _pick(given, t_inputs)
+        avals = tuple(
+            jax.core.ShapedArray(jnp.shape(o), jnp.result_type(o)) for o in _pick(perturbed, out)
+        )
+        t_out = _tangent_p.bind(
+            *res,
+            *lin,
+            forward=tangent.forward,
+            transpose=tangent.transpose,
+            num_res=len(res),
+            out_avals=avals,
+        )
+        return out, _merge(perturbed, t_out, _drop(perturbed, zeros))
+
+    loop = jax.custom_jvp(primal)
+    loop.defjvp(loop_jvp, symbolic_zeros=True)
+    out = loop(inputs)
+    return out[:n_state], out[n_state:n_carry]
+
+
+class _Tangent:
+    """The two implementations of the loop's tangent map, on flat lists: `forward(res, lin)`
+    runs the loop in forward mode, `transpose(res, cts)` reverses it (treeverse).
+
+    `res` is the loop's inputs, its step count and final buffers, and the checkpoints the
+    forward pass saved if any; `lin` the tangents of the inputs marked in `given`; the
+    outputs are the tangents of the carry leaves marked in `perturbed`.
+    """
+
+    def __init__(
+        self,
+        ungroup: Callable[[Sequence[Any]], list[list[Any]]],
+        sizes: list[int],
+        given: list[bool],
+        perturbed: list[bool],
+        x_at: Callable[[list[Any], Any], list[Any]],
+        run_step: Callable[..., Any],
+        checkpoints: int,
+        max_steps: int | None,
+        reverse_xs: bool,
+    ):
+        self.ungroup = ungroup
+        self.sizes = sizes
+        self.given = given
+        self.perturbed = perturbed
+        self.p_state, self.p_buffers = perturbed[: sizes[0]], perturbed[sizes[0] :]
+        _, _, self.g_xs, self.g_consts, _ = ungroup(given)
+        self.x_at = x_at
+        self.run_step = run_step
+        self.checkpoints = checkpoints
+        self.max_steps = max_steps
+        self.reverse_xs = reverse_xs
+
+    def unpack(self, res: list[Any]) -> tuple[list[Any], Any, list[Any], Any]:
+        n_inputs = sum(self.sizes)
+        inputs, count = res[:n_inputs], res[n_inputs]
+        final_buffers = res[n_inputs + 1 : n_inputs + 1 + self.sizes[1]]
+        rest = res[n_inputs + 1 + self.sizes[1] :]
+        saved = None
+        if rest:
+            stack, (positions, top) = rest[: self.sizes[0]], rest[self.sizes[0] :]
+            saved = (stack, positions, top)
+        return inputs, count, final_buffers, saved
+
+    def step_on(
+        self,
+        state: list[Any],
+        buffers: list[Any],
+        x: list[Any],
+        consts: list[Any],
+        diff: list[bool] | None = None,
+    ) -> Callable[..., Any]:
+        """The step as a function of the carry leaves marked in `diff` (by default the
+        perturbed ones), the given x and consts; it returns the perturbed carry leaves."""
+        diff = self.perturbed if diff is None else diff
+
+        def f(d_carry: list[Any], d_x: list[Any], d_consts: list[Any]) -> Any:
+            carry = _merge(diff, d_carry, _drop(diff, [*state, *buffers]))
+            n = self.sizes[0]
+            new_state, new_buffers = self.run_step(
+                _merge(self.g_consts, d_consts, _drop(self.g_consts, consts)),
+                carry[:n],
+                carry[n:],
+                _merge(self.g_xs, d_x, _drop(self.g_xs, x)),
+            )
+            return _pick(self.perturbed, [*new_state, *new_buffers]), (new_state, new_buffers)
+
+        return f
+
+    def write_only(self, state: list[Any], buffers: list[Any], xs: list[Any], consts: list[Any]):
+        """Which buffers the step only writes into (`.at[i].set`, `lax.dynamic_update_slice`)
+        and never reads: read off the step's jaxpr, when traced."""
+        n_state, n_buffers = len(state), len(buffers)
+        examples = [
+            jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v))
+            for v in [*state, *buffers, *self.x_at(xs, jnp.int32(0)), *consts]
+        ]
+
+        def step(*values: Any) -> Any:
+            s, b = list(values[:n_state]), list(values[n_state : n_state + n_buffers])
+            x = list(values[n_state + n_buffers : len(values) - len(consts)])
+            new_state, new_buffers = self.run_step(list(values[len(values) - len(consts) :]), s, b, x)
+            return [*new_state, *new_buffers]
+
+        jaxpr = jax.make_jaxpr(step)(*examples).jaxpr
+        result = []
+        for k in range(n_buffers):
+            written = {id(jaxpr.invars[n_state + k])}
+            only = True
+            for eqn in jaxpr.eqns:
+                uses = [j for j, v in enumerate(eqn.invars) if id(v) in written]
+                if not uses:
+                    continue
+                if eqn.primitive.name in ("scatter", "dynamic_update_slice") and uses == [0]:
+                    written.add(id(eqn.outvars[0]))
+                else:
+                    only = False
+            outs = [j for j, v in enumerate(jaxpr.outvars) if id(v) in written]
+            result.append(only and outs == [n_state + k])
+        return result
+
+    def forward(self, res: list[Any], lin: list[Any]) -> list[Any]:
+        inputs, count, _, _ = self.unpack(res)
+        state, buffers, xs, consts, _ = self.ungroup(inputs)
+        tangents = self.ungroup(_merge(self.given, lin, [None] * (len(inputs) - len(lin))))
+        t_carry = [
+            jnp.zeros_like(v) if t is None else t
+            for v, t, p in zip(
+                [*state, *buffers], [*tangents[0], *tangents[1]], self.perturbed, strict=True
+            )
+            if p
+        ]
+        t_xs, t_consts = _pick(self.g_xs, tangents[2]), _pick(self.g_consts, tangents[3])
+        d_xs = _pick(self.g_xs, xs)
+
+        def body(carry: tuple[Any, ...]) -> tuple[Any, ...]:
+            i, state, buffers, t_carry = carry
+            x = self.x_at(xs, i)
+            f = self.step_on(state, buffers, x, consts)
+            primals = (_pick(self.perturbed, [*state, *buffers]), _pick(self.g_xs, x))
+            primals += (_pick(self.g_consts, consts),)
+            _, t_carry, (state, buffers) = jax.jvp(
+                f, primals, (t_carry, self.x_at(t_xs, i), t_consts), has_aux=True
+            )
+            return i + 1, state, buffers, t_carry
+
+        del d_xs
+        carry = (jnp.int32(0), state, buffers, t_carry)
+        return lax.while_loop(lambda c: c[0] < count, body, carry)[3]
+
+    def transpose(self, res: list[Any], cts: list[Any]) -> list[Any]:
+        inputs, count, final_buffers, saved = self.unpack(res)
+        state, _, xs, consts, _ = self.ungroup(inputs)
+        checkpoints, max_steps = self.checkpoints, self.max_steps
+        # The cotangent of a buffer the step only writes into is the same before and after
+        # every step, since each location is written once and never read (so the VJP of a
+        # write need not zero it): the buffer is not differentiated, and its cotangent is
+        # not carried through the loop, where XLA would copy it at every step to zero one
+        # location. Its writes still give the values written their cotangents.
+        n_state = self.sizes[0]
+        write_only = [False] * n_state + self.write_only(state, final_buffers, xs, consts)
+        diff = [p and not w for p, w in zip(self.perturbed, write_only, strict=True)]
+        fixed = [w for p, w in zip(self.perturbed, write_only, strict=True) if p]
+        fixed_cts = [c for c, w in zip(cts, fixed, strict=True) if w]
 
         def reverse_one(position: Any, state: list[Any], cts: tuple[Any, ...]) -> Any:
-            """The VJP of the step at `position`, from `state`: the cotangents before it."""
-            ct_state, ct_buffers, ct_xs, ct_consts = cts
-            x = x_at(xs, position)
+            """The VJP of the step at `position`, from `state`: the cotangents before it.
 
-            # Reads of the buffers see their final values: each location read was written
-            # before this step and never again. Writes have VJPs that do not depend on the
-            # values overwritten.
-            def differentiable_step(d_state: Any, d_buffers: Any, d_x: Any, d_consts: Any) -> Any:
-                out_state, out_buffers = run_step(
-                    _merge(consts_mask, d_consts, _drop(consts_mask, step_consts)),
-                    _merge(state_mask, d_state, _drop(state_mask, state)),
-                    _merge(buffer_mask, d_buffers, _drop(buffer_mask, final_buffers)),
-                    _merge(xs_mask, d_x, _drop(xs_mask, x)),
-                )
-                return _pick(state_mask, out_state), _pick(buffer_mask, out_buffers)
-
-            primals = (
-                _pick(state_mask, state),
-                _pick(buffer_mask, final_buffers),
-                _pick(xs_mask, x),
-                _pick(consts_mask, step_consts),
-            )
-            _, vjp = jax.vjp(differentiable_step, *primals)
-            ct_state, ct_buffers, ct_x, ct_step_consts = vjp((ct_state, ct_buffers))
-            index = max_steps - 1 - position if reverse_xs else position
+            Reads of the buffers see their final values: each location read was written
+            before this step and never again. Writes have VJPs that do not depend on the
+            values overwritten."""
+            ct_carry, ct_xs, ct_consts = cts
+            x = self.x_at(xs, position)
+            f = self.step_on(state, final_buffers, x, consts, diff)
+            primals = (_pick(diff, [*state, *final_buffers]), _pick(self.g_xs, x))
+            primals += (_pick(self.g_consts, consts),)
+            _, vjp, _ = jax.vjp(f, *primals, has_aux=True)
+            ct_carry, ct_x, ct_step_consts = vjp(_merge(fixed, fixed_cts, ct_carry))
+            index = max_steps - 1 - position if self.reverse_xs else position
             ct_xs = [
                 lax.dynamic_update_index_in_dim(c, u, index, 0)
                 for c, u in zip(ct_xs, ct_x, strict=True)
             ]
             ct_consts = [a + b for a, b in zip(ct_consts, ct_step_consts, strict=True)]
-            return ct_state, ct_buffers, ct_xs, ct_consts
+            return ct_carry, ct_xs, ct_consts
 
         def recompute(state: list[Any], start: Any, count: Any) -> list[Any]:
             """The state `count` steps after the one at step `start`."""
 
             def body(j: Any, state: list[Any]) -> list[Any]:
-                return run_step(step_consts, state, final_buffers, x_at(xs, start + j))[0]
+                x = self.x_at(xs, start + j)
+                return self.run_step(consts, state, final_buffers, x)[0]
 
             return lax.fori_loop(0, count, body, state)
 
-        def backward_step(carry: tuple[Any, ...]) -> tuple[Any, ...]:
+        def reverse_step(carry: tuple[Any, ...]) -> tuple[Any, ...]:
+            """Reverse the step at `target`: advance from the newest checkpoint to it,
+            pushing checkpoints on the way, then take its VJP and pop the checkpoint there.
+
+            The cotangents stay out of the inner loop and of any `lax.cond`: XLA then
+            updates them (buffers and `xs` as large as the loop is long) in place, where a
+            `cond` returning them would copy them at every step."""
             target, top, positions, stack, cts = carry
-            newest = top - 1
-            position = positions[newest]
-            state = [lax.dynamic_index_in_dim(s, newest, keepdims=False) for s in stack]
-            remaining = target + 1 - position
-            slots = checkpoints - newest
 
-            def advance_branch(state: list[Any]) -> tuple[list[Any], Any]:
-                advance = _split(remaining, slots)
-                return recompute(state, position, advance), advance
+            # The newest checkpoint is read inside the loop (at its first iteration, or
+            # after it when it makes none): a read of the stack before a loop that writes it
+            # would make XLA copy the stack.
+            def short_of_target(inner: tuple[Any, ...]) -> Any:
+                top, positions, _, _, position, fresh = inner
+                return jnp.where(fresh, positions[top - 1], position) < target
 
-            # Most iterations reverse the step at the newest checkpoint: they skip the split
-            # and the recomputation loop altogether.
-            state, advance = lax.cond(
-                remaining > 1, advance_branch, lambda state: (state, jnp.int32(0)), state
+            def advance(inner: tuple[Any, ...]) -> tuple[Any, ...]:
+                top, positions, stack, state, position, fresh = inner
+                newest = [lax.dynamic_index_in_dim(s, top - 1, keepdims=False) for s in stack]
+                state = [jnp.where(fresh, n, s) for n, s in zip(newest, state, strict=True)]
+                position = jnp.where(fresh, positions[top - 1], position)
+                steps = _split(target + 1 - position, checkpoints - (top - 1))
+                state = recompute(state, position, steps)
+                position = position + steps
+                push = position < target
+                stack, positions = _push_if(push, (stack, positions), top, state, position)
+                top = jnp.where(push, top + 1, top)
+                return top, positions, stack, state, position, jnp.bool_(False)
+
+            placeholder = [jnp.zeros(s.shape[1:], s.dtype) for s in stack]
+            inner = (top, positions, stack, placeholder, target, jnp.bool_(True))
+            top, positions, stack, state, _, fresh = lax.while_loop(
+                short_of_target, advance, inner
             )
-            reached = position + advance
-
-            reverse = reached == target
-            cts = lax.cond(
-                reverse,
-                lambda cts, state: reverse_one(target, state, cts),
-                lambda cts, state: cts,
-                cts,
-                state,
-            )
-            push = ~reverse
-            stack, positions = _push_if(push, (stack, positions), top, state, reached)
+            newest = [lax.dynamic_index_in_dim(s, top - 1, keepdims=False) for s in stack]
+            state = [jnp.where(fresh, n, s) for n, s in zip(newest, state, strict=True)]
+            cts = reverse_one(target, state, cts)
             # A checkpoint at the reversed step is no longer needed.
-            top = jnp.where(push, top + 1, jnp.where(advance == 0, top - 1, top))
-            return jnp.where(reverse, target - 1, target), top, positions, stack, cts
+            top = jnp.where(positions[top - 1] == target, top - 1, top)
+            return target - 1, top, positions, stack, cts
 
-        if saved:
-            (stack, positions), top = saved
+        if saved is not None:
+            stack, positions, top = saved
             # Only the checkpoints before the last step taken are of use.
-            used = (jnp.arange(checkpoints) < top) & (positions < count)
+            used = (jnp.arange(checkpoints + 1) < top) & (positions < count)
             top = jnp.sum(used, dtype=jnp.int32)
         else:
             (stack, positions), top = _empty_stack(state, checkpoints), jnp.int32(1)
-        cts = (
-            _pick(state_mask, ct_state),
-            _pick(buffer_mask, ct_buffers),
-            [jnp.zeros_like(x) for x in _pick(xs_mask, xs)],
-            [jnp.zeros_like(c) for c in _pick(consts_mask, step_consts)],
+        ct_init = (
+            _drop(fixed, cts),
+            [jnp.zeros_like(x) for x in _pick(self.g_xs, xs)],
+            [jnp.zeros_like(c) for c in _pick(self.g_consts, consts)],
         )
-        carry = (count - 1, top, positions, stack, cts)
-        *_, cts = lax.while_loop(lambda carry: carry[0] >= 0, backward_step, carry)
-        ct_state, ct_buffers, ct_xs, ct_consts = cts
-        computed = [
-            *_merge(state_mask, ct_state, [None] * (len(state) - sum(state_mask))),
-            *_merge(buffer_mask, ct_buffers, [None] * (len(buffer_mask) - sum(buffer_mask))),
-            *_merge(xs_mask, ct_xs, [None] * (len(xs) - sum(xs_mask))),
-            *_merge(consts_mask, ct_consts, [None] * (len(step_consts) - sum(consts_mask))),
-        ]
-        computed += [None] * sizes[4]
-        out = [
-            c if w else _zero_cotangent(x, i)
-            for c, w, x, i in zip(computed, wants, inputs, inexact, strict=True)
-        ]
-        return (out,)
-
-    loop.defvjp(loop_fwd, loop_bwd)
-    _, final_state, final_buffers = loop(inputs)
-    return final_state, final_buffers
+        carry = (count - 1, top, positions, stack, ct_init)
+        *_, (ct_carry, ct_xs, ct_consts) = lax.while_loop(
+            lambda carry: carry[0] >= 0, reverse_step, carry
+        )
+        # The cotangents of the inputs the tangents came in by (`given`), in their order.
+        n_carry = len(self.perturbed)
+        incoming = _merge(self.perturbed, cts, [None] * (n_carry - len(cts)))
+        from_loop = _merge(diff, ct_carry, [None] * (n_carry - len(ct_carry)))
+        full_carry = [i if w else c for c, i, w in zip(from_loop, incoming, write_only, strict=True)]
+        g_carry = self.given[:n_carry]
+        return [*_pick(g_carry, full_carry), *ct_xs, *ct_consts]
