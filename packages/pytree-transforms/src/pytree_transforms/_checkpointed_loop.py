@@ -584,76 +584,75 @@ class _Tangent:
         fixed = [w for p, w in zip(self.perturbed, write_only, strict=True) if p]
         fixed_cts = [c for c, w in zip(cts, fixed, strict=True) if w]
 
-        def reverse_one(position: Any, state: list[Any], cts: tuple[Any, ...]) -> Any:
-            """The VJP of the step at `position`, from `state`: the cotangents before it.
+        g_xs, g_consts = self.g_xs, self.g_consts
 
-            Reads of the buffers see their final values: each location read was written
-            before this step and never again. Writes have VJPs that do not depend on the
-            values overwritten."""
+        def split_at(position: Any, target: Any, top: Any) -> Any:
+            """Where the advance from a checkpoint at `position` (the newest, in slot
+            `top - 1`) stops: at `target`, or where `_split` puts the next checkpoint."""
+            return lax.cond(
+                position < target,
+                lambda: position + _split(target + 1 - position, checkpoints - (top - 1)),
+                lambda: position,
+            )
+
+        def iteration(carry: tuple[Any, ...]) -> tuple[Any, ...]:
+            """One step forward from the working state, or, when it is at `target`, the VJP
+            of that step, then a reload from the newest checkpoint.
+
+            One flat loop, with no loop or `lax.cond` around the stack or the cotangents:
+            XLA then updates them (and `xs`' cotangents, as long as the loop) in place and
+            runs each iteration without launching inner loops."""
+            target, top, positions, stack, state, position, goal, cts = carry
             ct_carry, ct_xs, ct_consts = cts
+            reversing = position == target
             x = self.x_at(xs, position)
             f = self.step_on(state, final_buffers, x, consts, diff)
-            primals = (_pick(diff, [*state, *final_buffers]), _pick(self.g_xs, x))
-            primals += (_pick(self.g_consts, consts),)
-            _, vjp, _ = jax.vjp(f, *primals, has_aux=True)
-            ct_carry, ct_x, ct_step_consts = vjp(_merge(fixed, fixed_cts, ct_carry))
+            primals = (_pick(diff, [*state, *final_buffers]), _pick(g_xs, x))
+            primals += (_pick(g_consts, consts),)
+            _, vjp, (new_state, _) = jax.vjp(f, *primals, has_aux=True)
+
+            # Reads of the buffers see their final values: each location read was written
+            # before this step and never again. Writes have VJPs that do not depend on the
+            # values overwritten.
+            def reverse(ct_carry: list[Any]) -> Any:
+                return vjp(_merge(fixed, fixed_cts, ct_carry))
+
+            def keep(ct_carry: list[Any]) -> Any:
+                zeros = [jnp.zeros_like(v) for v in primals[1] + primals[2]]
+                return ct_carry, zeros[: len(primals[1])], zeros[len(primals[1]) :]
+
+            ct_carry, ct_x, ct_step_consts = lax.cond(reversing, reverse, keep, ct_carry)
             index = max_steps - 1 - position if self.reverse_xs else position
+            # Not reversing, the row written is the spare last one.
+            row = jnp.where(reversing, index, max_steps) if ct_xs else None
             ct_xs = [
-                lax.dynamic_update_index_in_dim(c, u, index, 0)
+                lax.dynamic_update_index_in_dim(c, u, row, 0)
                 for c, u in zip(ct_xs, ct_x, strict=True)
             ]
             ct_consts = [a + b for a, b in zip(ct_consts, ct_step_consts, strict=True)]
-            return ct_carry, ct_xs, ct_consts
 
-        def recompute(state: list[Any], start: Any, count: Any) -> list[Any]:
-            """The state `count` steps after the one at step `start`."""
-
-            def body(j: Any, state: list[Any]) -> list[Any]:
-                x = self.x_at(xs, start + j)
-                return self.run_step(consts, state, final_buffers, x)[0]
-
-            return lax.fori_loop(0, count, body, state)
-
-        def reverse_step(carry: tuple[Any, ...]) -> tuple[Any, ...]:
-            """Reverse the step at `target`: advance from the newest checkpoint to it,
-            pushing checkpoints on the way, then take its VJP and pop the checkpoint there.
-
-            The cotangents stay out of the inner loop and of any `lax.cond`: XLA then
-            updates them (buffers and `xs` as large as the loop is long) in place, where a
-            `cond` returning them would copy them at every step."""
-            target, top, positions, stack, cts = carry
-
-            # The newest checkpoint is read inside the loop (at its first iteration, or
-            # after it when it makes none): a read of the stack before a loop that writes it
-            # would make XLA copy the stack.
-            def short_of_target(inner: tuple[Any, ...]) -> Any:
-                top, positions, _, _, position, fresh = inner
-                return jnp.where(fresh, positions[top - 1], position) < target
-
-            def advance(inner: tuple[Any, ...]) -> tuple[Any, ...]:
-                top, positions, stack, state, position, fresh = inner
-                newest = [lax.dynamic_index_in_dim(s, top - 1, keepdims=False) for s in stack]
-                state = [jnp.where(fresh, n, s) for n, s in zip(newest, state, strict=True)]
-                position = jnp.where(fresh, positions[top - 1], position)
-                steps = _split(target + 1 - position, checkpoints - (top - 1))
-                state = recompute(state, position, steps)
-                position = position + steps
-                push = position < target
-                stack, positions = _push_if(push, (stack, positions), top, state, position)
-                top = jnp.where(push, top + 1, top)
-                return top, positions, stack, state, position, jnp.bool_(False)
-
-            placeholder = [jnp.zeros(s.shape[1:], s.dtype) for s in stack]
-            inner = (top, positions, stack, placeholder, target, jnp.bool_(True))
-            top, positions, stack, state, _, fresh = lax.while_loop(
-                short_of_target, advance, inner
-            )
+            # Advancing: the state one step on, pushed if it is where the advance stops.
+            advanced = position + 1
+            reached = ~reversing & (advanced == goal)
+            push = reached & (advanced < target)
+            stack, positions = _push_if(push, (stack, positions), top, new_state, advanced)
+            # Read after the push (which leaves slot `top - 1` as it was): a read before a
+            # write would make XLA copy the array.
+            newest_position = positions[top - 1]
+            # Reversing: the checkpoint at the reversed step is no longer needed.
+            popped = jnp.where(newest_position == target, top - 1, top)
+            top = jnp.where(reversing, popped, jnp.where(push, top + 1, top))
+            target = jnp.where(reversing, target - 1, target)
             newest = [lax.dynamic_index_in_dim(s, top - 1, keepdims=False) for s in stack]
-            state = [jnp.where(fresh, n, s) for n, s in zip(newest, state, strict=True)]
-            cts = reverse_one(target, state, cts)
-            # A checkpoint at the reversed step is no longer needed.
-            top = jnp.where(positions[top - 1] == target, top - 1, top)
-            return target - 1, top, positions, stack, cts
+            state = [
+                jnp.where(reversing, n, s) for n, s in zip(newest, new_state, strict=True)
+            ]
+            position = jnp.where(reversing, positions[top - 1], advanced)
+            restart = reversing | push
+            goal = jnp.where(
+                restart, split_at(position, target, top), jnp.where(reached, target, goal)
+            )
+            return target, top, positions, stack, state, position, goal, (ct_carry, ct_xs, ct_consts)
 
         if saved is not None:
             stack, positions, top = saved
@@ -664,13 +663,19 @@ class _Tangent:
             (stack, positions), top = _empty_stack(state, checkpoints), jnp.int32(1)
         ct_init = (
             _drop(fixed, cts),
-            [jnp.zeros_like(x) for x in _pick(self.g_xs, xs)],
-            [jnp.zeros_like(c) for c in _pick(self.g_consts, consts)],
+            # One spare row, where the iterations that do not reverse a step write.
+            [jnp.zeros((x.shape[0] + 1, *x.shape[1:]), x.dtype) for x in _pick(g_xs, xs)],
+            [jnp.zeros_like(c) for c in _pick(g_consts, consts)],
         )
-        carry = (count - 1, top, positions, stack, ct_init)
+        target = count - 1
+        state = [lax.dynamic_index_in_dim(s, top - 1, keepdims=False) for s in stack]
+        position = positions[top - 1]
+        goal = split_at(position, target, top)
+        carry = (target, top, positions, stack, state, position, goal, ct_init)
         *_, (ct_carry, ct_xs, ct_consts) = lax.while_loop(
-            lambda carry: carry[0] >= 0, reverse_step, carry
+            lambda carry: carry[0] >= 0, iteration, carry
         )
+        ct_xs = [c[:-1] for c in ct_xs]
         # The cotangents of the inputs the tangents came in by (`given`), in their order.
         n_carry = len(self.perturbed)
         incoming = _merge(self.perturbed, cts, [None] * (n_carry - len(cts)))
