@@ -38,6 +38,7 @@ from jax.interpreters import ad, batching, mlir
 from pytree_filter import is_inexact_array
 
 from ._closure import filter_closure_convert
+from ._nondifferentiable import nondifferentiable_backward
 
 _INT_MAX = np.iinfo(np.int32).max
 
@@ -109,8 +110,7 @@ def _empty_stack(state: list[Any], checkpoints: int) -> tuple[list[Any], Any]:
     """Room for `checkpoints` states and their step numbers, with `state` at step 0, and one
     more slot, never read, that `_push_if` writes when it does not push."""
     stack = [
-        jnp.zeros((checkpoints + 1, *jnp.shape(s)), jnp.result_type(s)).at[0].set(s)
-        for s in state
+        jnp.zeros((checkpoints + 1, *jnp.shape(s)), jnp.result_type(s)).at[0].set(s) for s in state
     ]
     return stack, jnp.zeros((checkpoints + 1,), jnp.int32)
 
@@ -152,6 +152,12 @@ def _save_while_running(
     return [stack, top, next_to_save]
 
 
+_REVERSE_OVER_FORWARD = (
+    'The forward-mode derivative of a kind="checkpointed" loop (reverse mode over forward '
+    "mode is not supported: take the second derivative in forward mode, e.g. "
+    "`jax.jacfwd(jax.grad(f))` rather than `jax.grad` of a `jax.jvp`)"
+)
+
 # The tangent of the loop: linear in its last inputs (the tangents of the loop's perturbed
 # inputs) given the first `num_res` (what the forward pass kept). `forward(res, lin)` gives
 # the output tangents and `transpose(res, cts)` the input cotangents, both on flat lists.
@@ -178,9 +184,11 @@ def _tangent_jvp(
     t_out = _tangent_p.bind(*res, *t_lin, **params)
     if any(type(t) is not ad.Zero for t in t_res):
         # A second derivative through what the forward pass kept: forward mode only (this
-        # part is a `lax.while_loop`, which reverse mode cannot transpose).
+        # part is a `lax.while_loop`, which reverse mode cannot transpose: refused with a
+        # message that says what to do instead).
         t_res = [ad.instantiate_zeros(t) for t in t_res]
         _, more = jax.jvp(lambda r: forward(r, lin), (res,), (t_res,))
+        more = nondifferentiable_backward(more, name=_REVERSE_OVER_FORWARD)
         t_out = [a + b for a, b in zip(t_out, more, strict=True)]
     return out, t_out
 
@@ -191,9 +199,7 @@ def _tangent_transpose(
     res = list(args[:num_res])
     if any(ad.is_undefined_primal(r) for r in res):
         raise NotImplementedError(
-            'Reverse mode through the derivative of a kind="checkpointed" loop (reverse '
-            "over forward, or a second reverse pass) is not supported; differentiate the "
-            "second time in forward mode (e.g. `jax.jacfwd(jax.grad(f))`)."
+            f"{_REVERSE_OVER_FORWARD} cannot be differentiated in reverse mode."
         )
     cts = [
         jnp.zeros(a.shape, a.dtype) if type(c) is ad.Zero else c
@@ -294,8 +300,8 @@ def checkpointed_loop(
     `max_steps`. Only `state` is checkpointed; `buffers` are written in place by `step`, each
     location at most once, and read only where written. `step` and `cond` may close over
     arrays: those get gradients (`step`'s) or none (`cond`'s). `progress`, if given, has
-    `start()`, `update(i, state, buffers, extra)` and `finish(extra)`, called by the loop
-    itself only, never by the recomputations of the backward pass.
+    `start()`, `update(i, state, buffers, extra)` and `finish(i, state, buffers)`, called
+    by the loop itself only, never by the recomputations of the backward pass.
 
     Returns the final `(state, buffers)`.
     """
@@ -361,7 +367,7 @@ def checkpointed_loop(
             carry += (_empty_stack(state, checkpoints), jnp.int32(1), jnp.int32(first))
         count, state, buffers, extra, *saved = lax.while_loop(keep_going, advance, carry)
         if progress is not None:
-            progress.finish(extra)
+            progress.finish(count, state, buffers)
         return count, state, buffers, *saved[:2]
 
     # Checkpoints are placed during the forward pass when the loop's length is bounded: where
@@ -381,7 +387,7 @@ def checkpointed_loop(
         examples = [*inputs[:n_carry], *x_example, *inputs[n_carry:][sizes[2] :][: sizes[3]]]
 
         def one_step(*values: Any) -> list[Any]:
-            carry, x, consts = values[:n_carry], values[n_carry:-sizes[3] or None], []
+            carry, x, consts = values[:n_carry], values[n_carry : -sizes[3] or None], []
             if sizes[3]:
                 consts = list(values[-sizes[3] :])
             new_state, new_buffers = run_step(
@@ -400,9 +406,7 @@ def checkpointed_loop(
 
     def loop_jvp(primals: Any, tangents: Any) -> tuple[list[Any], list[Any]]:
         ((inputs,), (t_inputs,)) = primals, tangents
-        given = [
-            i and type(t) is not SymbolicZero for i, t in zip(inexact, t_inputs, strict=True)
-        ]
+        given = [i and type(t) is not SymbolicZero for i, t in zip(inexact, t_inputs, strict=True)]
         perturbed = perturbed_carry(given)
         count, final_state, final_buffers, *saved = forward(inputs, saving)
         out = [*final_state, *final_buffers]
@@ -520,7 +524,9 @@ class _Tangent:
         def step(*values: Any) -> Any:
             s, b = list(values[:n_state]), list(values[n_state : n_state + n_buffers])
             x = list(values[n_state + n_buffers : len(values) - len(consts)])
-            new_state, new_buffers = self.run_step(list(values[len(values) - len(consts) :]), s, b, x)
+            new_state, new_buffers = self.run_step(
+                list(values[len(values) - len(consts) :]), s, b, x
+            )
             return [*new_state, *new_buffers]
 
         jaxpr = jax.make_jaxpr(step)(*examples).jaxpr
@@ -644,15 +650,22 @@ class _Tangent:
             top = jnp.where(reversing, popped, jnp.where(push, top + 1, top))
             target = jnp.where(reversing, target - 1, target)
             newest = [lax.dynamic_index_in_dim(s, top - 1, keepdims=False) for s in stack]
-            state = [
-                jnp.where(reversing, n, s) for n, s in zip(newest, new_state, strict=True)
-            ]
+            state = [jnp.where(reversing, n, s) for n, s in zip(newest, new_state, strict=True)]
             position = jnp.where(reversing, positions[top - 1], advanced)
             restart = reversing | push
             goal = jnp.where(
                 restart, split_at(position, target, top), jnp.where(reached, target, goal)
             )
-            return target, top, positions, stack, state, position, goal, (ct_carry, ct_xs, ct_consts)
+            return (
+                target,
+                top,
+                positions,
+                stack,
+                state,
+                position,
+                goal,
+                (ct_carry, ct_xs, ct_consts),
+            )
 
         if saved is not None:
             stack, positions, top = saved
@@ -680,6 +693,8 @@ class _Tangent:
         n_carry = len(self.perturbed)
         incoming = _merge(self.perturbed, cts, [None] * (n_carry - len(cts)))
         from_loop = _merge(diff, ct_carry, [None] * (n_carry - len(ct_carry)))
-        full_carry = [i if w else c for c, i, w in zip(from_loop, incoming, write_only, strict=True)]
+        full_carry = [
+            i if w else c for c, i, w in zip(from_loop, incoming, write_only, strict=True)
+        ]
         g_carry = self.given[:n_carry]
         return [*_pick(g_carry, full_carry), *ct_xs, *ct_consts]

@@ -11,7 +11,14 @@ from pytree_filter import is_array, path_text
 
 from ._checkpointed_loop import checkpointed_loop
 from ._errors import check_callable
-from ._while_loop import Carry, check_count, check_kind, default_checkpoints, with_weak_type
+from ._while_loop import (
+    Carry,
+    buffer_mask,
+    check_count,
+    check_kind,
+    default_checkpoints,
+    with_weak_type,
+)
 
 KINDS = ("lax", "checkpointed")
 
@@ -51,9 +58,10 @@ def scan(
     length: int | None = None,
     *,
     kind: Literal["lax", "checkpointed"] = "lax",
-    checkpoints: int | None = None,
+    checkpoints: int | Literal["all"] | None = None,
     reverse: bool = False,
     unroll: int | bool = 1,
+    buffers: Callable[[Any], Any] | None = None,
 ) -> tuple[Any, Any]:
     """`jax.lax.scan` with any carry, and a checkpointed kind for reverse mode in bounded
     memory.
@@ -73,13 +81,20 @@ def scan(
         kind: `"lax"`: `jax.lax.scan`, whose reverse mode stores every step's residuals.
             `"checkpointed"`: reverse mode keeps only `checkpoints` copies of the carry and
             recomputes the steps in between (binomial checkpointing); the outputs `ys` are
-            written into a preallocated array, not checkpointed. Not forward-mode
-            differentiable.
+            written into a preallocated array, not checkpointed. Forward-mode
+            differentiable too (not reverse over forward), with symbolic-zero
+            (co)tangents for the carry leaves the derivative does not reach.
         checkpoints: for `"checkpointed"`, the number of carries kept, the initial one
             included; by default the fewest with which no step is recomputed more than twice
-            (about `sqrt(2 * length)`).
+            (about `sqrt(2 * length)`). `"all"`: one a step, so none is recomputed (the
+            memory of `kind="lax"`, with this kind's interface), as Equinox's.
         reverse: scan from the last row of `xs` to the first (and stack `ys` likewise).
         unroll: as for `jax.lax.scan`; `kind="lax"` only.
+        buffers: `init -> pytree of array leaves of init`: large arrays of the carry that
+            `f` fills in place, `buf.at[i].set(...)`, on the conditions of `while_loop`'s
+            `buffers` (each location written at most once, read only after it was
+            written). With `"checkpointed"` they are not copied into the checkpoints;
+            `"lax"` only checks that they are leaves of the carry.
 
     Returns:
         `(final carry, ys)`, as `jax.lax.scan`.
@@ -99,12 +114,21 @@ def scan(
     check_callable(f, caller, "f", spelling=f"{caller}({{}}, init, xs)")
     check_kind(kind, caller, KINDS)
     length = check_count(length, "length", caller, minimum=0)
-    checkpoints = check_count(checkpoints, "checkpoints", caller, minimum=1)
+    every_step = isinstance(checkpoints, str) and checkpoints == "all"
+    if isinstance(checkpoints, str) and not every_step:
+        raise ValueError(
+            f'{caller}: `checkpoints` must be a positive int, "all" or None, but got '
+            f'{checkpoints!r}. Pass e.g. `checkpoints=100`, or `checkpoints="all"` to keep '
+            "every step's carry."
+        )
+    if not every_step:
+        checkpoints = check_count(checkpoints, "checkpoints", caller, minimum=1)
     if kind != "lax" and unroll != 1:
         raise ValueError(
             f'{caller}: `unroll` applies to kind="lax" only; drop it for kind={kind!r}.'
         )
     carry = Carry(init, caller, "init")
+    is_buffer = buffer_mask(carry, buffers, caller)
     xs_leaves, xs_def = jax.tree.flatten(xs)
     xs_leaves = [jnp.asarray(x) for x in xs_leaves]
 
@@ -132,25 +156,37 @@ def scan(
 
     if steps == 0:
         return outputs(carry.arrays, ys)
-    if checkpoints is None:
+    if every_step:
+        checkpoints = steps
+    elif checkpoints is None:
         checkpoints = default_checkpoints(steps, caller)
 
-    def loop_step(state: list[Any], ys: list[Any], x: list[Any]) -> Any:
+    # The carry's buffers go with the outputs `ys`: written in place, not checkpointed.
+    def merge(state: list[Any], buffers: list[Any]) -> list[Any]:
+        state_iter, buffer_iter = iter(state), iter(buffers)
+        return [next(buffer_iter) if b else next(state_iter) for b in is_buffer]
+
+    n_buffers = sum(is_buffer)
+
+    def loop_step(state: list[Any], buffers: list[Any], x: list[Any]) -> Any:
         i, *arrays = state
-        arrays, y = step(arrays, xs_def.unflatten(x))
+        carry_buffers, ys = buffers[:n_buffers], buffers[n_buffers:]
+        arrays, y = step(merge(arrays, carry_buffers), xs_def.unflatten(x))
         y = jax.tree.leaves(y)
         index = steps - 1 - i if reverse else i
         ys = [lax.dynamic_update_index_in_dim(b, v, index, 0) for b, v in zip(ys, y, strict=True)]
-        return [i + 1, *arrays], ys
+        new_state = [a for a, b in zip(arrays, is_buffer, strict=True) if not b]
+        new_buffers = [a for a, b in zip(arrays, is_buffer, strict=True) if b]
+        return [i + 1, *new_state], [*new_buffers, *ys]
 
-    state, ys = checkpointed_loop(
+    state, buffers = checkpointed_loop(
         loop_step,
         None,
-        [jnp.int32(0), *carry.arrays],
-        ys,
+        [jnp.int32(0), *(a for a, b in zip(carry.arrays, is_buffer, strict=True) if not b)],
+        [*(a for a, b in zip(carry.arrays, is_buffer, strict=True) if b), *ys],
         xs_leaves,
         max_steps=steps,
         checkpoints=min(checkpoints, steps),
         reverse_xs=reverse,
     )
-    return outputs(state[1:], ys)
+    return outputs(merge(state[1:], buffers[:n_buffers]), buffers[n_buffers:])

@@ -16,9 +16,10 @@ from pytree_filter import is_array, path_text
 from ._checkpointed_loop import checkpointed_loop
 from ._errors import check_callable
 from ._sharing import Sharing, find_sharing, has_repeats
+from ._progress import check_progress_meter
 
 KINDS = ("lax", "checkpointed", "bounded")
-_BASE = 16  # steps per level of the nested scans of kind="bounded"
+BASE = 16  # steps per level of the nested scans of kind="bounded", by default
 
 
 def check_kind(kind: Any, caller: str, kinds: tuple[str, ...]) -> None:
@@ -283,9 +284,9 @@ def buffer_mask(carry: Carry, buffers: Callable[[Any], Any] | None, caller: str)
     mask = [id(a) in ids for a in carry.arrays]
     if sum(mask) != len(ids):
         raise ValueError(
-            f"{caller}: every leaf of `buffers(init_val)` must be an array leaf of `init_val` "
-            "itself (not a copy or a computed value), e.g. `buffers=lambda carry: "
-            "carry['ys']`, but some of them are not."
+            f"{caller}: every leaf of `buffers({carry.what})` must be an array leaf of "
+            f"`{carry.what}` itself (not a copy or a computed value), e.g. `buffers=lambda "
+            "carry: carry['ys']`, but some of them are not."
         )
     return mask
 
@@ -299,6 +300,8 @@ def while_loop(
     kind: Literal["lax", "checkpointed", "bounded"] = "lax",
     checkpoints: int | None = None,
     buffers: Callable[[Any], Any] | None = None,
+    base: int = BASE,
+    progress_meter: Any = None,
 ) -> Any:
     """`jax.lax.while_loop` over any pytree, with a reverse-mode differentiable choice.
 
@@ -316,9 +319,13 @@ def while_loop(
         max_steps: stop after this many steps even if `cond_fun` still holds. Required by
             `kind="bounded"`.
         kind: `"lax"`: `jax.lax.while_loop`; forward-mode differentiable, not reverse-mode.
-            `"checkpointed"`: reverse-mode differentiable (not forward-mode) in memory
-            bounded by `checkpoints` copies of the carry, whatever the number of steps:
-            the backward pass recomputes steps from checkpoints (binomial checkpointing).
+            `"checkpointed"`: reverse-mode differentiable in memory bounded by
+            `checkpoints` copies of the carry, whatever the number of steps: the backward
+            pass recomputes steps from checkpoints (binomial checkpointing). Also
+            forward-mode differentiable (`jax.jvp`, `jax.jacfwd`, and forward over
+            reverse such as `jax.hessian`), not reverse over forward. Carry leaves that
+            the derivative does not reach get symbolic-zero tangents and cotangents, as
+            with `"lax"` (so `nondifferentiable` accepts them).
             `"bounded"`: nested `lax.scan`s of `max_steps` steps in all, skipping those
             after `cond_fun` turns false; differentiable in both modes, with memory growing
             with `max_steps`.
@@ -331,7 +338,18 @@ def while_loop(
             not copied into the checkpoints, on the conditions that every location is
             written at most once (and not also set before the loop) and read only after it
             was written; these are not checked, and breaking them gives wrong gradients.
-            The other kinds only check that they are leaves of the carry.
+            The other kinds only check that they are leaves of the carry. A buffer that
+            `body_fun` only writes (never reads) costs `"checkpointed"`'s backward pass
+            nothing per step; as with Equinox, its cotangent at the locations written is
+            then not zeroed, so do not differentiate with respect to its initial values.
+        base: for `"bounded"`, the number of steps per level of nested scans (an int >= 2;
+            other kinds ignore it, as Equinox's). A larger base compiles faster (fewer
+            levels, `ceil(log(max_steps, base))`) and runs a little slower.
+        progress_meter: a `TextProgressMeter` or `TqdmProgressMeter` reporting how far the
+            loop has got, from inside the compiled loop (a host callback, made only when
+            progress increased by the meter's threshold); `None` (the default) or
+            `NoProgressMeter()` for none. The progress is `steps / max_steps` unless the
+            meter has a `fraction` function of the carry.
 
     Returns:
         The final carry.
@@ -356,6 +374,8 @@ def while_loop(
     check_kind(kind, caller, KINDS)
     max_steps = check_count(max_steps, "max_steps", caller, minimum=0)
     checkpoints = check_count(checkpoints, "checkpoints", caller, minimum=1)
+    base = check_base(base, caller)
+    meter = check_progress_meter(progress_meter, max_steps, caller)
     if kind == "bounded" and max_steps is None:
         raise ValueError(
             f'{caller}: kind="bounded" needs `max_steps`: it unrolls the loop to that many '
@@ -371,41 +391,80 @@ def while_loop(
     if max_steps == 0:
         return carry.rebuild(carry.arrays)
 
+    progress = None if meter is None else meter.monitor(carry.rebuild, max_steps)
+
     def loop() -> list[Any]:
         if kind == "lax":
-            return _lax_loop(cond, body, carry.arrays, max_steps)
+            return _lax_loop(cond, body, carry.arrays, max_steps, progress)
         if kind == "bounded":
-            return bounded_loop(cond, body, carry.arrays, max_steps)
-        return _checkpointed(cond, body, carry.arrays, is_buffer, max_steps, checkpoints)
+            return bounded_loop(cond, body, carry.arrays, max_steps, base, progress)
+        return _checkpointed(
+            cond, body, carry.arrays, is_buffer, max_steps, checkpoints, progress
+        )
 
     return carry.rebuild(carry.finish(carry.run(loop)))
 
 
-def _lax_loop(cond: Any, body: Any, arrays: list[Any], max_steps: int | None) -> list[Any]:
-    if max_steps is None:
+def check_base(base: Any, caller: str) -> int:
+    """`base` as an int of at least 2; refuse anything else."""
+    if isinstance(base, bool) or not isinstance(base, (int, np.integer)) or base < 2:
+        raise ValueError(
+            f"{caller}: `base` must be a Python int of at least 2 (the steps per level of "
+            f'kind="bounded"\'s nested scans), but got {base!r}. Pass e.g. `base={BASE}`.'
+        )
+    return operator.index(base)
+
+
+def _lax_loop(
+    cond: Any, body: Any, arrays: list[Any], max_steps: int | None, progress: Any = None
+) -> list[Any]:
+    if max_steps is None and progress is None:
         return lax.while_loop(cond, body, arrays)
 
-    def counted_cond(carry: tuple[Any, list[Any]]) -> Any:
-        return (carry[0] < max_steps) & cond(carry[1])
+    def counted_cond(carry: tuple[Any, ...]) -> Any:
+        going = cond(carry[1])
+        return going if max_steps is None else (carry[0] < max_steps) & going
 
-    def counted_body(carry: tuple[Any, list[Any]]) -> tuple[Any, list[Any]]:
-        return carry[0] + 1, body(carry[1])
+    def counted_body(carry: tuple[Any, ...]) -> tuple[Any, ...]:
+        i, arrays, extra = carry
+        arrays = body(arrays)
+        if progress is not None:
+            extra = progress.update(i + 1, arrays, extra)
+        return i + 1, arrays, extra
 
-    return lax.while_loop(counted_cond, counted_body, (jnp.int32(0), arrays))[1]
+    extra = None if progress is None else progress.start()
+    i, arrays, _ = lax.while_loop(counted_cond, counted_body, (jnp.int32(0), arrays, extra))
+    if progress is not None:
+        progress.finish(i, arrays)
+    return arrays
 
 
-def bounded_loop(cond: Any, body: Any, arrays: list[Any], max_steps: int) -> list[Any]:
-    """At most `max_steps` steps as nested scans of `_BASE` steps a level, each step or block
+def bounded_loop(
+    cond: Any,
+    body: Any,
+    arrays: list[Any],
+    max_steps: int,
+    base: int = BASE,
+    progress: Any = None,
+) -> list[Any]:
+    """At most `max_steps` steps as nested scans of `base` steps a level, each step or block
     of steps skipped (`lax.cond`) once the loop has stopped."""
 
-    def going(carry: tuple[Any, list[Any]]) -> Any:
+    def going(carry: tuple[Any, ...]) -> Any:
         return (carry[0] < max_steps) & cond(carry[1])
 
-    def one(carry: tuple[Any, list[Any]]) -> tuple[Any, list[Any]]:
-        return lax.cond(going(carry), lambda c: (c[0] + 1, body(c[1])), lambda c: c, carry)
+    def advance(carry: tuple[Any, ...]) -> tuple[Any, ...]:
+        i, arrays, extra = carry
+        arrays = body(arrays)
+        if progress is not None:
+            extra = progress.update(i + 1, arrays, extra)
+        return i + 1, arrays, extra
+
+    def one(carry: tuple[Any, ...]) -> tuple[Any, ...]:
+        return lax.cond(going(carry), advance, lambda c: c, carry)
 
     def level(depth: int, length: int) -> Callable[[Any], Any]:
-        inner = one if depth == 0 else level(depth - 1, _BASE)
+        inner = one if depth == 0 else level(depth - 1, base)
 
         def block(carry: tuple[Any, list[Any]]) -> tuple[Any, list[Any]]:
             return lax.scan(lambda c, _: (inner(c), None), carry, length=length)[0]
@@ -415,11 +474,15 @@ def bounded_loop(cond: Any, body: Any, arrays: list[Any], max_steps: int) -> lis
         return lambda carry: lax.cond(going(carry), block, lambda c: c, carry)
 
     depth = 0
-    while _BASE ** (depth + 1) < max_steps:
+    while base ** (depth + 1) < max_steps:
         depth += 1
-    # The outer level has just enough blocks of _BASE**depth steps to cover max_steps.
-    outer = level(depth, -(-max_steps // _BASE**depth)) if depth else level(0, max_steps)
-    return outer((jnp.int32(0), arrays))[1]
+    # The outer level has just enough blocks of base**depth steps to cover max_steps.
+    outer = level(depth, -(-max_steps // base**depth)) if depth else level(0, max_steps)
+    extra = None if progress is None else progress.start()
+    i, arrays, _ = outer((jnp.int32(0), arrays, extra))
+    if progress is not None:
+        progress.finish(i, arrays)
+    return arrays
 
 
 def _checkpointed(
@@ -429,6 +492,7 @@ def _checkpointed(
     is_buffer: list[bool],
     max_steps: int | None,
     checkpoints: int,
+    progress: Any = None,
 ) -> list[Any]:
     if max_steps is not None:
         checkpoints = min(checkpoints, max_steps)
@@ -447,8 +511,35 @@ def _checkpointed(
     def keep_going(state: list[Any], buffers: list[Any]) -> Any:
         return cond(merge(state, buffers))
 
+    monitor = None
+    if progress is not None:
+        monitor = _SplitProgress(progress, merge)
     state, buffers = split(arrays)
     state, buffers = checkpointed_loop(
-        step, keep_going, state, buffers, [], max_steps=max_steps, checkpoints=checkpoints
+        step,
+        keep_going,
+        state,
+        buffers,
+        [],
+        max_steps=max_steps,
+        checkpoints=checkpoints,
+        progress=monitor,
     )
     return merge(state, buffers)
+
+
+class _SplitProgress:
+    """A loop's progress reporting, on the carry as `checkpointed_loop` splits it."""
+
+    def __init__(self, progress: Any, merge: Callable[[list[Any], list[Any]], list[Any]]):
+        self.progress = progress
+        self.merge = merge
+
+    def start(self) -> Any:
+        return self.progress.start()
+
+    def update(self, i: Any, state: list[Any], buffers: list[Any], extra: Any) -> Any:
+        return self.progress.update(i, self.merge(state, buffers), extra)
+
+    def finish(self, i: Any, state: list[Any], buffers: list[Any]) -> None:
+        self.progress.finish(i, self.merge(state, buffers))
