@@ -17,10 +17,17 @@ gradient is taken with respect to the MLP's parameters. Timed, all jit-compiled,
 For each gradient, the memory: the temporary bytes XLA allocates for the compiled program
 (``memory_analysis()``), and the bytes of the residuals ``jax.vjp`` keeps from the forward
 pass, with the same figures for 1,000 steps to show which grow with the number of steps.
+
+Then buffers: a checkpointed loop that writes one location of a buffer as long as the loop
+at every step (``buffers=``), forward and forward+backward, at 10k, 20k, 40k and 80k steps,
+ours and ``equinox.internal.while_loop`` side by side in the same run: the time per step
+should stay flat as the loop grows (each step costs the same), as Equinox's does.
+
 Run it from the repository root::
 
-    hatch run bench:loops            # full run; writes results/loops.md
-    hatch run bench:loops --quick    # 1,000 steps, 3 repeats, writes no file
+    hatch run bench:loops                   # full run; writes results/loops.md
+    hatch run bench:loops --quick           # shorter loops, 3 repeats, writes no file
+    hatch run bench:loops --only buffers    # the buffers table alone
 
 or ``python benchmarks/loop_checkpointing.py [--quick] [--out PATH]``.
 """
@@ -130,6 +137,18 @@ def median_time(fn: Callable[..., Any], args: tuple[Any, ...], repeats: int) -> 
     return statistics.median(times)
 
 
+def best_time(fn: Callable[..., Any], args: tuple[Any, ...], repeats: int) -> float:
+    """The fastest of `repeats` runs after a warm-up: the least disturbed by other work on a
+    shared machine, for programs of a few milliseconds."""
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
 def temp_bytes(fn: Callable[..., Any], args: tuple[Any, ...]) -> int | None:
     """The temporary bytes of the compiled program, if XLA reports them."""
     analysis = fn.lower(*args).compile().memory_analysis()
@@ -168,6 +187,109 @@ def measure(steps: int, repeats: int) -> dict[str, dict[str, Any]]:
     return rows
 
 
+BUFFER_STEPS = (10_000, 20_000, 40_000, 80_000)
+
+
+def buffer_loss(loop: Callable[..., Any], steps: int) -> Callable[..., Any]:
+    """A loop writing `buf[i]` at step `i` of `steps`, through `loop` (Equinox's signature)."""
+
+    def loss(x: Any) -> Any:
+        def body(carry: Any) -> Any:
+            i, y, buf = carry
+            y = jnp.sin(y) + x
+            return i + 1, y, buf.at[i].set(y)
+
+        init = (jnp.int32(0), jnp.float32(0.0), jnp.zeros(steps))
+        out = loop(
+            lambda c: c[0] < steps,
+            body,
+            init,
+            max_steps=steps,
+            kind="checkpointed",
+            buffers=lambda c: c[2],
+        )
+        return jnp.sum(out[2] * jnp.linspace(0.0, 1.0, steps)) + out[1]
+
+    return loss
+
+
+def measure_buffers(all_steps: Sequence[int], repeats: int) -> dict[str, dict[int, dict]]:
+    """Forward and forward+backward times of the buffer loop, ours and Equinox's."""
+    loops: dict[str, Callable[..., Any]] = {"ours": while_loop}
+    try:
+        import equinox.internal as eqxi
+
+        loops["equinox"] = eqxi.while_loop
+    except ImportError:
+        pass
+    rows: dict[str, dict[int, dict]] = {name: {} for name in loops}
+    x = jnp.float32(0.3)
+    for steps in all_steps:
+        grads = {}
+        for name, loop in loops.items():
+            loss = buffer_loss(loop, steps)
+            grad = jax.jit(jax.value_and_grad(loss))
+            rows[name][steps] = {
+                "forward": best_time(jax.jit(loss), (x,), repeats),
+                "grad": best_time(grad, (x,), repeats),
+            }
+            grads[name] = grad(x)
+        if "equinox" in grads:
+            error = max(
+                float(jnp.max(jnp.abs(a - b)) / (1 + jnp.max(jnp.abs(b))))
+                for a, b in zip(grads["ours"], grads["equinox"], strict=True)
+            )
+            if error > 1e-3:
+                raise AssertionError(f"ours and Equinox's differ by {error} at {steps} steps")
+    return rows
+
+
+def micro(value: float, steps: int) -> str:
+    return f"{1e6 * value / steps:.3f} us"
+
+
+def millis(value: float) -> str:
+    return f"{1e3 * value:.2f} ms"
+
+
+def buffers_report(rows: dict[str, dict[int, dict]], repeats: int) -> list[str]:
+    ours, theirs = rows["ours"], rows.get("equinox")
+    lines = [
+        "## Buffers: one write per step",
+        "",
+        '`while_loop(kind="checkpointed", buffers=...)` whose step writes `buf[i]` of a '
+        "buffer as long as the loop (default checkpoints); forward, and forward+backward "
+        f"(`jax.value_and_grad`), jit-compiled, the fastest of {repeats} runs. Per step: the "
+        "time over the number of steps (flat when the cost is linear).",
+        "",
+        "| steps | pass | ours | Equinox | ours / Equinox | ours per step | Equinox per step |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for steps in ours:
+        for what, label in (("forward", "forward"), ("grad", "forward+backward")):
+            mine = ours[steps][what]
+            if theirs is None:
+                lines.append(
+                    f"| {steps:,} | {label} | {millis(mine)} | not installed | | "
+                    f"{micro(mine, steps)} | |"
+                )
+                continue
+            other = theirs[steps][what]
+            lines.append(
+                f"| {steps:,} | {label} | {millis(mine)} | {millis(other)} | "
+                f"{mine / other:.2f}x | {micro(mine, steps)} | {micro(other, steps)} |"
+            )
+    first, last = min(ours), max(ours)
+    for what, label in (("forward", "forward"), ("grad", "forward+backward")):
+        growth = (ours[last][what] / last) / (ours[first][what] / first)
+        lines.append("")
+        lines.append(
+            f"Ours, {label}: time per step at {last:,} steps / at {first:,} steps = "
+            f"{growth:.2f}x (1.00x is linear)."
+        )
+    return lines
+
+
 def version(dist: str) -> str:
     try:
         return importlib.metadata.version(dist)
@@ -191,7 +313,16 @@ LABELS = {
 }
 
 
-def report(big: dict, small: dict, steps: int, few: int, repeats: int, command: str) -> str:
+def report(
+    big: dict,
+    small: dict,
+    steps: int,
+    few: int,
+    repeats: int,
+    command: str,
+    buffers: dict | None = None,
+    buffer_repeats: int = 0,
+) -> str:
     forward = big["while_lax"]["forward"]
     try:
         load = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
@@ -234,6 +365,8 @@ def report(big: dict, small: dict, steps: int, few: int, repeats: int, command: 
             f"{mebibytes(row['temp'])} | {mebibytes(other['temp'])} | "
             f"{mebibytes(row['residuals'])} | {mebibytes(other['residuals'])} |"
         )
+    if buffers is not None:
+        lines += ["", *buffers_report(buffers, buffer_repeats)]
     lines += ["", "<!-- --8<-- [end:report] -->"]
     return "\n".join(lines) + "\n"
 
@@ -242,6 +375,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--quick", action="store_true", help="1,000 steps and 3 repeats, to check it runs"
+    )
+    parser.add_argument(
+        "--only",
+        choices=("buffers",),
+        help="run only this part (and print it; writes a file only with --out)",
     )
     parser.add_argument(
         "--out", type=Path, help=f"where to write the table (default for a full run: {DEFAULT_OUT})"
@@ -253,10 +391,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     jax.config.update("jax_cpu_enable_async_dispatch", False)
     steps, few, repeats = (1_000, 100, 3) if args.quick else (10_000, 1_000, 7)
+    buffer_steps = tuple(s // 10 for s in BUFFER_STEPS) if args.quick else BUFFER_STEPS
+    buffers = measure_buffers(buffer_steps, 3 * repeats)
+    if args.only == "buffers":
+        text = "\n".join(buffers_report(buffers, 3 * repeats)) + "\n"
+        print(text, end="")
+        if args.out is not None:
+            args.out.write_text(text)
+        return
     big = measure(steps, repeats)
     small = measure(few, 1)
     command = "python benchmarks/loop_checkpointing.py" + (" --quick" if args.quick else "")
-    text = report(big, small, steps, few, repeats, command)
+    text = report(big, small, steps, few, repeats, command, buffers, 3 * repeats)
     print(text, end="")
     out = args.out or (None if args.quick else DEFAULT_OUT)
     if out is not None:

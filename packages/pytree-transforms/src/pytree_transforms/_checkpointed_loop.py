@@ -250,8 +250,8 @@ batching.primitive_batchers[_tangent_p] = _tangent_batch
 def _reached(
     fun: Callable[..., list[Any]], values: list[Any], mask: list[bool], n_out: int
 ) -> list[bool]:
-    """Which of the `n_out` outputs of `fun(*values)` depend differentiably on the inputs where `mask`
-    holds. Worked out when traced (in `jax.eval_shape`), at no run cost."""
+    """Which of the `n_out` outputs of `fun(*values)` depend differentiably on the inputs
+    where `mask` holds. Worked out when traced (in `jax.eval_shape`), at no run cost."""
     found: dict[int, bool] = {}
 
     def recorder(k: int) -> Any:
@@ -379,20 +379,18 @@ def checkpointed_loop(
         _, state, buffers, *_ = forward(inputs, saving=False)
         return [*state, *buffers]
 
-    def perturbed_carry(given: list[bool]) -> list[bool]:
+    def perturbed_carry(inputs: list[Any], given: list[bool]) -> list[bool]:
         """The carry leaves that the derivative reaches, from the inputs it enters by
         (`given`): those, and what any number of steps carries them to."""
         given_carry = given[:n_carry]
+        state, buffers, _, consts, _ = ungroup(inputs)
         _, _, given_xs, given_consts, _ = ungroup(given)
-        examples = [*inputs[:n_carry], *x_example, *inputs[n_carry:][sizes[2] :][: sizes[3]]]
+        examples = [*state, *buffers, *x_example, *consts]
 
         def one_step(*values: Any) -> list[Any]:
-            carry, x, consts = values[:n_carry], values[n_carry : -sizes[3] or None], []
-            if sizes[3]:
-                consts = list(values[-sizes[3] :])
-            new_state, new_buffers = run_step(
-                consts, list(carry[:n_state]), list(carry[n_state:]), list(x)
-            )
+            state, buffers = list(values[:n_state]), list(values[n_state:n_carry])
+            x, consts = values[n_carry : n_carry + sizes[2]], values[n_carry + sizes[2] :]
+            new_state, new_buffers = run_step(list(consts), state, buffers, list(x))
             return [*new_state, *new_buffers]
 
         perturbed = list(given_carry)
@@ -407,7 +405,7 @@ def checkpointed_loop(
     def loop_jvp(primals: Any, tangents: Any) -> tuple[list[Any], list[Any]]:
         ((inputs,), (t_inputs,)) = primals, tangents
         given = [i and type(t) is not SymbolicZero for i, t in zip(inexact, t_inputs, strict=True)]
-        perturbed = perturbed_carry(given)
+        perturbed = perturbed_carry(inputs, given)
         count, final_state, final_buffers, *saved = forward(inputs, saving)
         out = [*final_state, *final_buffers]
         zeros = [
@@ -558,7 +556,6 @@ class _Tangent:
             if p
         ]
         t_xs, t_consts = _pick(self.g_xs, tangents[2]), _pick(self.g_consts, tangents[3])
-        d_xs = _pick(self.g_xs, xs)
 
         def body(carry: tuple[Any, ...]) -> tuple[Any, ...]:
             i, state, buffers, t_carry = carry
@@ -571,7 +568,6 @@ class _Tangent:
             )
             return i + 1, state, buffers, t_carry
 
-        del d_xs
         carry = (jnp.int32(0), state, buffers, t_carry)
         return lax.while_loop(lambda c: c[0] < count, body, carry)[3]
 
