@@ -182,7 +182,10 @@ def measure(steps: int, repeats: int) -> dict[str, dict[str, Any]]:
             float(jnp.max(jnp.abs(a - b)))
             for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(reference), strict=True)
         )
-        if error > 1e-4:
+        scale = max(float(jnp.max(jnp.abs(b))) for b in jax.tree.leaves(reference))
+        # Relative to the gradient's size (hundreds here): float32 sums of 10,000 steps'
+        # contributions may differ in their last bits with the order of the additions.
+        if error > 1e-6 * max(scale, 1.0):
             raise AssertionError(f"the gradient of {name} differs from lax.scan's by {error}")
     return rows
 
