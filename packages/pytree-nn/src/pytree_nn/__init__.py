@@ -55,6 +55,10 @@ from ._rngs import Rngs as Rngs
 from ._rngs import RngState as RngState
 from ._rngs import RngStream as RngStream
 from ._rotary import RotaryPositionalEmbedding as RotaryPositionalEmbedding
+from ._shared import Shared as Shared
+from ._stateful import State as State
+from ._stateful import StateIndex as StateIndex
+from ._stateful import make_with_state as make_with_state
 from ._summary import tabulate as tabulate
 from ._weight_norms import SpectralNorm as SpectralNorm
 from ._weight_norms import WeightNorm as WeightNorm

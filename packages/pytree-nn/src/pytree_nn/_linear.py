@@ -3,12 +3,14 @@
 import itertools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 
+from pytree_filter import is_array
 from pytree_graph import Param
+from pytree_transforms import filter_vmap
 
 from . import initializers
 from ._checks import check_features, check_input, check_sharding, check_weight
@@ -16,7 +18,9 @@ from ._dtypes import promote_dtype, with_rank
 from ._flat_draws import flat_when_eager
 from ._module import Module
 from ._rngs import as_rngs
-from ._stacked import stack_layers
+from ._stacked import map_arrays, stack_layers
+
+Size = int | Literal["scalar"]
 
 default_kernel_init = initializers.lecun_normal()
 
@@ -59,13 +63,40 @@ def kernel_and_bias(
     return kernel, bias
 
 
+def check_size(layer: str, **sizes: Any) -> None:
+    """Refuse sizes that are neither an int >= 0 nor the string "scalar", naming the
+    argument."""
+    for name, size in sizes.items():
+        if isinstance(size, str) and size == "scalar":
+            continue
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(
+                f'{layer}: {name} must be an int >= 0 or the string "scalar" (inputs or '
+                f"outputs without a feature axis), got {size!r}."
+            )
+
+
+def _features(size: Size) -> int:
+    """The size of a kernel's axis for a layer size: 1 for "scalar"."""
+    return 1 if size == "scalar" else size
+
+
 class Linear(Module):
     """A dense layer, `y = x @ kernel + bias`, over the last axis of any input.
 
+    Either size may be the string `"scalar"`, as in Equinox: with
+    `in_features="scalar"` the input has no feature axis (each of its elements is one
+    input, so a 0-d input gives one output vector, and an input of shape `(batch,)` a
+    batch of them); with `out_features="scalar"` the output has none (a 0-d output for
+    a 0-d or 1-d input). The kernel then has size 1 on that axis, and the bias, with
+    `out_features="scalar"`, shape `(1,)`.
+
     Arguments:
         in_features: size of the input's last axis; 0 is allowed (an empty kernel of
-            shape `(0, out_features)`: the output is the bias).
-        out_features: size of the output's last axis; 0 is allowed (an empty output).
+            shape `(0, out_features)`: the output is the bias), and so is `"scalar"`
+            (inputs without a feature axis).
+        out_features: size of the output's last axis; 0 is allowed (an empty output),
+            and so is `"scalar"` (outputs without a feature axis).
         use_bias: whether to add a bias.
         dtype: the dtype to compute in (None: promote the input's and the parameters').
         param_dtype: the dtype of the parameters.
@@ -85,12 +116,17 @@ class Linear(Module):
         >>> layer = Linear(3, 4, rngs=0)
         >>> layer(jnp.ones((2, 5, 3))).shape, layer.kernel.value.shape
         ((2, 5, 4), (3, 4))
+        >>> to_scalar = Linear(3, "scalar", rngs=0)
+        >>> to_scalar(jnp.ones(3)).shape, to_scalar.kernel.value.shape
+        ((), (3, 1))
+        >>> Linear("scalar", 4, rngs=0)(jnp.ones(())).shape
+        (4,)
     """
 
     def __init__(
         self,
-        in_features: int,
-        out_features: int,
+        in_features: Size,
+        out_features: Size,
         *,
         use_bias: bool = True,
         dtype: Any = None,
@@ -104,14 +140,14 @@ class Linear(Module):
     ):
         # Zero features are allowed (as in Equinox): no input features give the bias, no
         # output features an empty output.
-        check_features("Linear", smallest=0, in_features=in_features, out_features=out_features)
+        check_size("Linear", in_features=in_features, out_features=out_features)
         rngs = as_rngs(rngs, "Linear")
         self.kernel, self.bias = kernel_and_bias(
             "Linear",
             kernel_init,
             bias_init,
-            (in_features, out_features),
-            out_features,
+            (_features(in_features), _features(out_features)),
+            _features(out_features),
             use_bias,
             param_dtype,
             rngs,
@@ -126,20 +162,27 @@ class Linear(Module):
         self.precision = precision
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        """Apply the layer to `x`, of shape `(..., in_features)`."""
+        """Apply the layer to `x`, of shape `(..., in_features)` (any shape with
+        `in_features="scalar"`); the output has shape `(..., out_features)` (`(...)` with
+        `out_features="scalar"`)."""
         kernel = _checked_kernel(self)
-        check_input("Linear", x, -1, self.in_features, "in_features", _local(kernel, 0, self))
+        if self.in_features == "scalar":
+            x = jnp.expand_dims(jnp.asarray(x), -1)
+        else:
+            check_input("Linear", x, -1, self.in_features, "in_features", _local(kernel, 0, self))
         bias = self.bias.value if self.bias is not None else None
         x, kernel, bias = promote_dtype(x, kernel, bias, dtype=self.dtype)
         y = jnp.matmul(x, kernel, precision=self.precision)
-        return y if bias is None else y + with_rank(bias, y.ndim)
+        y = y if bias is None else y + with_rank(bias, y.ndim)
+        return y[..., 0] if self.out_features == "scalar" else y
 
 
 def _checked_kernel(layer: Linear) -> jax.Array:
     """The kernel's value, checked against `(in_features, out_features)` (a local shard of
     it inside `shard_map`)."""
-    sizes = f"in_features={layer.in_features}, out_features={layer.out_features}"
-    return check_weight(layer, "kernel", sizes, (layer.in_features, layer.out_features))
+    sizes = f"in_features={layer.in_features!r}, out_features={layer.out_features!r}"
+    expected = (_features(layer.in_features), _features(layer.out_features))
+    return check_weight(layer, "kernel", sizes, expected)
 
 
 def _local(kernel: jax.Array, axis: int, layer: Linear) -> int | None:
@@ -150,6 +193,33 @@ def _local(kernel: jax.Array, axis: int, layer: Linear) -> int | None:
 
 def _identity(x: Any) -> Any:
     return x
+
+
+def _has_arrays(activation: Any) -> bool:
+    """Whether an activation holds arrays (a parametrised activation such as `PReLU`)."""
+    return any(is_array(leaf) for leaf in jax.tree.leaves(activation))
+
+
+def _replicated(activation: Any, *sizes: int) -> Any:
+    """A copy of `activation` whose every array has the leading axes `sizes`, each entry a
+    copy of the original (new Variables: nothing is shared with `activation`)."""
+
+    def replicate(leaf: Any) -> Any:
+        return jnp.broadcast_to(leaf, (*sizes, *jnp.shape(leaf))) if is_array(leaf) else leaf
+
+    return map_arrays(replicate, activation)
+
+
+def _entry(activation: Any, index: Any) -> Any:
+    """The activation held at `index` of the leading axis of every array of `activation`."""
+    return map_arrays(lambda leaf: leaf[index] if is_array(leaf) else leaf, activation)
+
+
+@filter_vmap(in_axes=(0, -1), out_axes=-1)
+def _per_neuron(activation: Any, x: jax.Array) -> jax.Array:
+    """Each neuron (entry of the last axis of `x`) through its own copy of the activation
+    (the entry of the activation's leading axis)."""
+    return activation(x)
 
 
 class MLP(Module):
@@ -167,13 +237,28 @@ class MLP(Module):
     Call the stacked layer through the MLP (or `jax.lax.scan`): called on its own, it
     raises an error saying so (its kernel has a layer axis).
 
+    A parametrised activation (a Module holding arrays, such as `PReLU()`) is copied for
+    every neuron of every hidden layer, as in Equinox: `mlp.activation` holds the copies,
+    every array with the leading axes `(depth, width_size)` (so `PReLU()`'s scalar slope
+    becomes a Param of shape `(depth, width_size)`, each layer's and neuron's own, trained
+    separately), and neuron `j` of hidden layer `i` goes through copy `[i, j]`. Likewise a
+    parametrised `final_activation` gets one copy per output neuron, leading axis
+    `(out_size,)` (none with `out_size="scalar"`). The copies start from the values of the
+    activation passed, which is left as it was and shares nothing with the MLP.
+    Activations without arrays (functions such as `jax.nn.relu`) are used as given and
+    applied to the whole layer output.
+
     Arguments:
-        in_size: size of the input's last axis (0 allowed, see `Linear`).
-        out_size: size of the output's last axis (0 allowed).
+        in_size: size of the input's last axis (0 allowed, see `Linear`), or `"scalar"`
+            for inputs without a feature axis.
+        out_size: size of the output's last axis (0 allowed), or `"scalar"` for outputs
+            without one.
         width_size: size of each hidden layer (0 allowed).
         depth: the number of hidden layers (0: a single `Linear`).
-        activation: applied after each hidden layer.
-        final_activation: applied to the output.
+        activation: applied after each hidden layer (copied per neuron if it holds
+            arrays, see above).
+        final_activation: applied to the output (copied per output neuron if it holds
+            arrays).
         use_bias: whether the hidden layers have biases.
         use_final_bias: whether the last layer has one.
         dtype: the dtype to compute in (None: promote).
@@ -198,12 +283,16 @@ class MLP(Module):
         (3, (49, 8, 8))
         >>> deep(jnp.ones((5, 2))).shape
         (5, 1)
+        >>> from pytree_nn import PReLU
+        >>> learnt = MLP("scalar", "scalar", width_size=4, depth=2, activation=PReLU(), rngs=0)
+        >>> learnt(jnp.ones(())).shape, learnt.activation.negative_slope.value.shape
+        ((), (2, 4))
     """
 
     def __init__(
         self,
-        in_size: int,
-        out_size: int,
+        in_size: Size,
+        out_size: Size,
         width_size: int,
         depth: int,
         activation: Callable[[jax.Array], jax.Array] = jax.nn.relu,
@@ -219,7 +308,8 @@ class MLP(Module):
         rngs: Any = None,
     ):
         # Zero sizes are allowed, as in Equinox (see Linear).
-        check_features("MLP", smallest=0, in_size=in_size, out_size=out_size, width_size=width_size)
+        check_size("MLP", in_size=in_size, out_size=out_size)
+        check_features("MLP", smallest=0, width_size=width_size)
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
             raise ValueError(f"MLP: depth must be an int >= 0, got {depth!r}.")
         # Checked before the first layer draws a key.
@@ -255,8 +345,17 @@ class MLP(Module):
                 linear(din, dout, use_final_bias if i == last else use_bias, rngs)
                 for i, (din, dout) in enumerate(itertools.pairwise(sizes))
             )
-        self.activation = activation
-        self.final_activation = final_activation
+        # A learnt activation gets its own parameters for every neuron, as in Equinox.
+        self.per_neuron_activation = _has_arrays(activation)
+        self.per_neuron_final_activation = out_size != "scalar" and _has_arrays(final_activation)
+        self.activation = (
+            _replicated(activation, depth, width_size) if self.per_neuron_activation else activation
+        )
+        self.final_activation = (
+            _replicated(final_activation, out_size)
+            if self.per_neuron_final_activation
+            else final_activation
+        )
         self.in_size = in_size
         self.out_size = out_size
         self.width_size = width_size
@@ -264,15 +363,39 @@ class MLP(Module):
         self.scan = scan
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        """Apply the network to `x`, of shape `(..., in_size)`."""
+        """Apply the network to `x`, of shape `(..., in_size)` (any shape with
+        `in_size="scalar"`); the output has shape `(..., out_size)` (`(...)` with
+        `out_size="scalar"`)."""
         if self.scan and self.depth >= 1:
             first, stacked, last = self.layers
+            x = self._activate(0, first(x))
+            if self.per_neuron_activation:
 
-            def hidden(x: jax.Array, layer: Linear) -> tuple[jax.Array, None]:
-                return self.activation(layer(x)), None
+                def hidden(x: jax.Array, layer_and_activation: Any) -> tuple[jax.Array, None]:
+                    layer, activation = layer_and_activation
+                    return _per_neuron(activation, layer(x)), None
 
-            x, _ = jax.lax.scan(hidden, self.activation(first(x)), stacked)
-            return self.final_activation(last(x))
-        for layer in self.layers[:-1]:
-            x = self.activation(layer(x))
-        return self.final_activation(self.layers[-1](x))
+                hidden_activations = _entry(self.activation, slice(1, self.depth))
+                x, _ = jax.lax.scan(hidden, x, (stacked, hidden_activations))
+            else:
+
+                def hidden(x: jax.Array, layer: Linear) -> tuple[jax.Array, None]:
+                    return self.activation(layer(x)), None
+
+                x, _ = jax.lax.scan(hidden, x, stacked)
+            return self._finish(last(x))
+        for i, layer in enumerate(self.layers[:-1]):
+            x = self._activate(i, layer(x))
+        return self._finish(self.layers[-1](x))
+
+    def _activate(self, i: int, x: jax.Array) -> jax.Array:
+        """The activation after hidden layer `i`."""
+        if self.per_neuron_activation:
+            return _per_neuron(_entry(self.activation, i), x)
+        return self.activation(x)
+
+    def _finish(self, x: jax.Array) -> jax.Array:
+        """The final activation."""
+        if self.per_neuron_final_activation:
+            return _per_neuron(self.final_activation, x)
+        return self.final_activation(x)

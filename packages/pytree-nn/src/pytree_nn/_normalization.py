@@ -17,6 +17,7 @@ from ._flat_draws import flat_when_eager
 from ._linear import sharded_param
 from ._module import Module
 from ._rngs import as_rngs
+from ._stateful import State
 
 Axes = int | Sequence[int]
 
@@ -508,6 +509,13 @@ class BatchNorm(Module):
     parallel axis, give it a name (`pytree_graph.vmap(..., axis_name="batch")` with the
     Params and BatchStats not mapped) and pass the same `axis_name` here.
 
+    Equinox's way works too: called as `y, state = norm(x, state)` with a `State` (from
+    `make_with_state`), the layer reads the running averages from the State and returns
+    the updated State, leaving its Variables as they are. Under
+    `filter_vmap(model, in_axes=(0, None), out_axes=(0, None), axis_name="batch")` with
+    `axis_name="batch"` here, each example is then normalized with the statistics of the
+    whole batch, as Equinox's `BatchNorm` is.
+
     Arguments:
         num_features: the number of features (the size of the input's `axis`).
         use_running_average: start in evaluation mode.
@@ -541,6 +549,9 @@ class BatchNorm(Module):
         >>> bool(jnp.allclose(y, x - jnp.array([0.5, 2.5]), atol=1e-4))
         True
     """
+
+    # The Variables an Equinox-style State holds for it (see `make_with_state`).
+    _state_variables = ("mean", "var")
 
     def __init__(
         self,
@@ -590,16 +601,32 @@ class BatchNorm(Module):
         self.use_scale = use_scale
         self.axis_name = axis_name
         self.use_fast_variance = use_fast_variance
+        # The key of its entry in an Equinox-style State (see make_with_state).
+        self.state_key = None
 
-    def __call__(self, x: jax.Array, use_running_average: bool | None = None) -> jax.Array:
+    def __call__(
+        self, x: jax.Array, state: State | None = None, *, use_running_average: bool | None = None
+    ) -> jax.Array | tuple[jax.Array, State]:
         """Normalize `x`; the result has the shape of `x`.
 
         Arguments:
             x: the input, with `num_features` features along `axis`.
+            state: None (the running averages are the layer's Variables, updated in
+                place), or a `State` holding them, Equinox's way: the call then returns
+                `(y, new_state)` and leaves the Variables as they are.
             use_running_average: override the layer's mode for this call (True: use
                 and keep the running averages; False: use batch statistics and update
                 the running averages).
+
+        Returns:
+            The normalized input; with a `state`, the pair `(y, new_state)`.
         """
+        if state is not None and not isinstance(state, State):
+            raise TypeError(
+                "BatchNorm: the second argument is the State of Equinox-style state "
+                f"passing (`y, state = norm(x, state)`), got {state!r}. Pass the mode "
+                "by keyword: norm(x, use_running_average=True)."
+            )
         if use_running_average is None:
             use_running_average = self.use_running_average
         elif not isinstance(use_running_average, bool):
@@ -617,11 +644,16 @@ class BatchNorm(Module):
                 "axis, name the vmap/pmap axis that holds the batch with axis_name=, or "
                 "use the running averages (model.eval() or use_running_average=True)."
             )
+        if state is None:
+            running_mean, running_var = self.mean.value, self.var.value
+        else:
+            running = state.get(self)
+            running_mean, running_var = running["mean"], running["var"]
         x, scale, bias = _promoted(x, self.scale, self.bias, self.dtype)
         if use_running_average:
             feature_shape = [shape[a] if a in features else 1 for a in range(len(shape))]
-            mean = self.mean.value.reshape(feature_shape)
-            variance = self.var.value.reshape(feature_shape)
+            mean = running_mean.reshape(feature_shape)
+            variance = running_var.reshape(feature_shape)
         else:
             mean, variance = _moments(
                 x,
@@ -630,9 +662,14 @@ class BatchNorm(Module):
                 fast_variance=self.use_fast_variance,
                 axis_name=self.axis_name,
             )
-            self.mean.value = self._running_average(self.mean.value, mean)
-            self.var.value = self._running_average(self.var.value, variance)
-        return _normalize(x, mean, variance, scale, bias, features, self.epsilon)
+            running_mean = self._running_average(running_mean, mean)
+            running_var = self._running_average(running_var, variance)
+            if state is None:
+                self.mean.value, self.var.value = running_mean, running_var
+            else:
+                state = state.set(self, {"mean": running_mean, "var": running_var})
+        y = _normalize(x, mean, variance, scale, bias, features, self.epsilon)
+        return y if state is None else (y, state)
 
     def _running_average(self, running: jax.Array, batch: jax.Array) -> jax.Array:
         """The running average after one more batch (no gradient; dtype kept)."""

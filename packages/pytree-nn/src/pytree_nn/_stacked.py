@@ -17,7 +17,7 @@ def _is_variable(x: Any) -> bool:
     return isinstance(x, Variable)
 
 
-def _map_arrays(fn: Callable[..., jax.Array], *layers: Any) -> Any:
+def map_arrays(fn: Callable[..., jax.Array], *layers: Any) -> Any:
     """A layer like `layers[0]`, whose every array is `fn` of the layers' arrays at its
     place. A Variable's `sharding` gets None for the new leading axis (the layer axis is
     not split over the mesh; each layer's own axes are, as before)."""
@@ -53,5 +53,5 @@ def stack_layers(make_layer: Callable[[Rngs], M], count: int, rngs: Rngs) -> M:
     share no Variables.
     """
     if count == 0:
-        return _map_arrays(_empty_stack, jax.eval_shape(lambda: make_layer(Rngs(0))))
-    return _map_arrays(_stack, *[make_layer(rngs) for _ in range(count)])
+        return map_arrays(_empty_stack, jax.eval_shape(lambda: make_layer(Rngs(0))))
+    return map_arrays(_stack, *[make_layer(rngs) for _ in range(count)])

@@ -15,6 +15,7 @@ from ._checks import check_number
 from ._module import Module
 from ._normalization import _squared_magnitude
 from ._rngs import as_rngs
+from ._stateful import State
 
 # As in Equinox: the power iterations run at construction, so that the first call already
 # starts from a good estimate of the leading singular vectors.
@@ -208,6 +209,10 @@ class SpectralNorm(Module):
     iterations see the weight under `lax.stop_gradient`; `sigma = v @ matrix @ u` is then
     differentiated with the weight, as in Equinox.
 
+    Equinox's way works too: called as `y, state = layer(x, state)` with a `State` (from
+    `make_with_state`), it reads `u` and `v` from the State and returns the updated State,
+    leaving its Variables as they are.
+
     Arguments:
         layer: the layer to wrap (a Module, such as `Linear` or `Conv`).
         weight_name: the name of the layer's weight attribute, a Param (or array) of at
@@ -232,6 +237,9 @@ class SpectralNorm(Module):
         >>> bool((layer.u.value == u).all())
         True
     """
+
+    # The Variables an Equinox-style State holds for it (see `make_with_state`).
+    _state_variables = ("u", "v")
 
     def __init__(
         self,
@@ -281,6 +289,8 @@ class SpectralNorm(Module):
         self.use_running_average = use_running_average
         self.u = BatchStat(u)
         self.v = BatchStat(v)
+        # The key of its entry in an Equinox-style State (see make_with_state).
+        self.state_key = None
 
     def normalized_weight(self) -> jax.Array:
         """The weight divided by the largest singular value estimated from the stored `u`
@@ -299,11 +309,19 @@ class SpectralNorm(Module):
 
         Arguments:
             x: the layer's input.
-            *args: further arguments of the layer's call.
+            *args: further arguments of the layer's call; a `State` first (Equinox's
+                `y, state = layer(x, state)`) holds `u` and `v` in place of the Variables,
+                and the call returns `(y, new_state)`.
             use_running_average: override the mode for this call (True: use the stored
                 `u` and `v` and keep them; False: run the power iterations and update them).
             **kwargs: further keyword arguments of the layer's call.
+
+        Returns:
+            The layer's output; with a `State`, the pair `(output, new_state)`.
         """
+        state = None
+        if args and isinstance(args[0], State):
+            state, args = args[0], args[1:]
         if use_running_average is None:
             use_running_average = self.use_running_average
         elif not isinstance(use_running_average, bool):
@@ -312,11 +330,19 @@ class SpectralNorm(Module):
                 f"{use_running_average!r}."
             )
         weight = _checked_weight("SpectralNorm", self.layer, self.weight_name)
-        u, v = self.u.value, self.v.value
+        if state is None:
+            u, v = self.u.value, self.v.value
+        else:
+            vectors = state.get(self)
+            u, v = vectors["u"], vectors["v"]
         if not use_running_average:
             matrix = lax.stop_gradient(_matrix(weight))
             for _ in range(self.num_power_iterations):
                 u, v = _power_iteration(matrix, u, v, self.eps)
-            self.u.value, self.v.value = u, v
+            if state is None:
+                self.u.value, self.v.value = u, v
+            else:
+                state = state.set(self, {"u": u, "v": v})
         normalized = _divided_by_sigma(weight, u, v)
-        return _call_with_weight(self.layer, self.weight_name, normalized, x, *args, **kwargs)
+        y = _call_with_weight(self.layer, self.weight_name, normalized, x, *args, **kwargs)
+        return y if state is None else (y, state)
