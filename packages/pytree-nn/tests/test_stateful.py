@@ -198,3 +198,38 @@ def test_batch_norm_refuses_a_mode_given_by_position():
     norm = BatchNorm(2, rngs=0)
     with pytest.raises(TypeError, match="use_running_average=True"):
         norm(jnp.ones((3, 2)), True)
+
+
+def test_sequential_passes_the_state_through_its_stateful_layers():
+    from pytree_nn import Identity, Sequential
+
+    class StatefulCounter(Counter):
+        def is_stateful(self):  # Equinox's StatefulLayer protocol
+            return True
+
+    class Net(Module):
+        def __init__(self):
+            self.seq = Sequential(
+                Linear(3, 4, rngs=0),
+                jax.nn.relu,
+                Sequential(BatchNorm(4, rngs=0), Identity()),
+                SpectralNorm(Linear(4, 2, rngs=1), rngs=2),
+                StatefulCounter(),
+            )
+
+    net, state = make_with_state(Net)()
+    assert net.seq.is_stateful()
+    assert not Sequential(Linear(2, 2, rngs=0)).is_stateful()
+    x = jax.random.normal(jax.random.key(0), (5, 3))
+    y, new_state = net.seq(x, state)
+    # The same as the layers in place (the counter held 0).
+    reference = pg.clone(net).seq.layers
+    expected = reference[3](reference[2](jax.nn.relu(reference[0](x))))
+    np.testing.assert_allclose(y, expected, **CLOSE)
+    norm = net.seq.layers[2].layers[0]
+    np.testing.assert_allclose(
+        new_state.get(norm)["mean"], reference[2].layers[0].mean.value, **CLOSE
+    )
+    assert int(new_state.get(net.seq.layers[4].index)) == 1
+    with pytest.raises(TypeError, match="State of Equinox-style state passing"):
+        net.seq(x, {"mean": 0})

@@ -4,6 +4,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._module import Module
+from ._stateful import State, takes_state
 
 
 class Lambda(Module):
@@ -58,6 +59,11 @@ class Identity(Module):
 class Sequential(Module):
     """Layers applied one after the other; modules and bare callables alike.
 
+    Called with a `State` as well (Equinox's `y, state = seq(x, state)`), it passes the
+    State through its stateful layers (`BatchNorm`, `SpectralNorm`, a nested `Sequential`
+    holding one, or any layer whose `is_stateful()` returns True, as Equinox's
+    `StatefulLayer`s), each called `x, state = layer(x, state)`, and returns `(y, state)`.
+
     Arguments:
         *layers: the layers, each called with the previous one's output.
 
@@ -78,11 +84,35 @@ class Sequential(Module):
                 )
         self.layers = tuple(layers)
 
-    def __call__(self, x: Any) -> Any:
-        """Apply every layer in turn."""
+    def __call__(self, x: Any, state: State | None = None) -> Any:
+        """Apply every layer in turn.
+
+        Arguments:
+            x: the input of the first layer.
+            state: None, or a `State` to pass through the stateful layers.
+
+        Returns:
+            The last layer's output; with a `state`, the pair `(output, new_state)`.
+        """
+        if state is None:
+            for layer in self.layers:
+                x = layer(x)
+            return x
+        if not isinstance(state, State):
+            raise TypeError(
+                "Sequential: the second argument is the State of Equinox-style state "
+                f"passing (`y, state = seq(x, state)`), got {type(state).__name__}."
+            )
         for layer in self.layers:
-            x = layer(x)
-        return x
+            if takes_state(layer):
+                x, state = layer(x, state)
+            else:
+                x = layer(x)
+        return x, state
+
+    def is_stateful(self) -> bool:
+        """Whether a layer of it takes a `State` (see `make_with_state`)."""
+        return any(takes_state(layer) for layer in self.layers)
 
     def __getitem__(self, index: int | slice) -> Any:
         if isinstance(index, slice):

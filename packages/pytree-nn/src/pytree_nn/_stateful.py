@@ -79,6 +79,15 @@ def _stateful(node: Any) -> bool:
     return isinstance(node, Module) and hasattr(type(node), "_state_variables")
 
 
+def takes_state(layer: Any) -> bool:
+    """Whether `layer` is called `y, state = layer(x, state)`: a stateful layer of
+    pytree_nn, or a layer whose `is_stateful()` says so (Equinox's `StatefulLayer`)."""
+    if _stateful(layer):
+        return True
+    is_stateful = getattr(layer, "is_stateful", None)
+    return callable(is_stateful) and bool(is_stateful())
+
+
 def _layer_state(layer: Any) -> dict[str, Any]:
     return {name: getattr(layer, name).value for name in type(layer)._state_variables}
 
