@@ -1,6 +1,8 @@
 """`Linear` and `MLP` with "scalar" sizes, and MLPs with a learnt activation copied per
 layer and neuron, as Equinox's."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,13 +38,21 @@ def test_linear_with_scalar_sizes(sizes, x_shape, y_shape, kernel_shape):
     np.testing.assert_array_equal(y, expected[..., 0] if sizes[1] == "scalar" else expected)
 
 
+def size_error(name, bad):
+    return f'{name} must be an int >= 0, got {re.escape(repr(bad))}; or the string "scalar"'
+
+
 def test_bad_sizes_name_the_argument():
     for bad in ("scaler", -1, 2.0, True, None):
         with pytest.raises(
-            ValueError, match='in_features must be an int >= 0 or the string "scalar"'
+            ValueError,
+            match=size_error("in_features", bad),
         ):
             Linear(bad, 2, rngs=0)
-        with pytest.raises(ValueError, match='out_size must be an int >= 0 or the string "scalar"'):
+        with pytest.raises(
+            ValueError,
+            match=size_error("out_size", bad),
+        ):
             MLP(2, bad, 4, 1, rngs=0)
     with pytest.raises(ValueError, match="width_size"):
         MLP(2, 2, "scalar", 1, rngs=0)

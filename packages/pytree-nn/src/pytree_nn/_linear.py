@@ -71,8 +71,8 @@ def check_size(layer: str, **sizes: Any) -> None:
             continue
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise ValueError(
-                f'{layer}: {name} must be an int >= 0 or the string "scalar" (inputs or '
-                f"outputs without a feature axis), got {size!r}."
+                f"{layer}: {name} must be an int >= 0, got {size!r}; or the string "
+                '"scalar", for inputs or outputs without a feature axis.'
             )
 
 
