@@ -194,10 +194,16 @@ def test_bad_uses_raise_and_change_nothing():
         StateIndex(lambda: jnp.zeros(2))
 
 
-def test_batch_norm_refuses_a_mode_given_by_position():
+def test_batch_norm_takes_a_state_or_the_mode_by_position():
     norm = BatchNorm(2, rngs=0)
-    with pytest.raises(TypeError, match="use_running_average=True"):
-        norm(jnp.ones((3, 2)), True)
+    x = jnp.ones((3, 2))
+    # A bool by position is use_running_average, as in Flax NNX.
+    np.testing.assert_allclose(norm(x, True), norm(x, use_running_average=True))
+    with pytest.raises(TypeError, match="given twice"):
+        norm(x, True, use_running_average=False)
+    with pytest.raises(TypeError, match=r"use_running_average \(True or False\) or the State"):
+        norm(x, {"mean": jnp.zeros(2)})
+    np.testing.assert_array_equal(norm.mean.value, jnp.zeros(2))
 
 
 def test_sequential_passes_the_state_through_its_stateful_layers():

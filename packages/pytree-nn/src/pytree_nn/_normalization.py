@@ -605,7 +605,11 @@ class BatchNorm(Module):
         self.state_key = None
 
     def __call__(
-        self, x: jax.Array, state: State | None = None, *, use_running_average: bool | None = None
+        self,
+        x: jax.Array,
+        state: State | bool | None = None,
+        *,
+        use_running_average: bool | None = None,
     ) -> jax.Array | tuple[jax.Array, State]:
         """Normalize `x`; the result has the shape of `x`.
 
@@ -613,7 +617,8 @@ class BatchNorm(Module):
             x: the input, with `num_features` features along `axis`.
             state: None (the running averages are the layer's Variables, updated in
                 place), or a `State` holding them, Equinox's way: the call then returns
-                `(y, new_state)` and leaves the Variables as they are.
+                `(y, new_state)` and leaves the Variables as they are. A bool here is
+                `use_running_average`, given by position as in Flax NNX.
             use_running_average: override the layer's mode for this call (True: use
                 and keep the running averages; False: use batch statistics and update
                 the running averages).
@@ -621,11 +626,18 @@ class BatchNorm(Module):
         Returns:
             The normalized input; with a `state`, the pair `(y, new_state)`.
         """
+        if isinstance(state, bool):
+            if use_running_average is not None:
+                raise TypeError(
+                    "BatchNorm: use_running_average was given twice, by position "
+                    f"({state}) and by keyword ({use_running_average})."
+                )
+            state, use_running_average = None, state
         if state is not None and not isinstance(state, State):
             raise TypeError(
-                "BatchNorm: the second argument is the State of Equinox-style state "
-                f"passing (`y, state = norm(x, state)`), got {state!r}. Pass the mode "
-                "by keyword: norm(x, use_running_average=True)."
+                "BatchNorm: the second argument is use_running_average (True or False) or "
+                "the State of Equinox-style state passing (`y, state = norm(x, state)`), "
+                f"got {type(state).__name__} {state!r:.60}."
             )
         if use_running_average is None:
             use_running_average = self.use_running_average
