@@ -15,8 +15,8 @@ from pytree_filter import is_array, path_text
 
 from ._checkpointed_loop import checkpointed_loop
 from ._errors import check_callable
-from ._sharing import Sharing, find_sharing, has_repeats
 from ._progress import check_progress_meter
+from ._sharing import Sharing, find_sharing, has_repeats
 
 KINDS = ("lax", "checkpointed", "bounded")
 BASE = 16  # steps per level of the nested scans of kind="bounded", by default
@@ -398,9 +398,7 @@ def while_loop(
             return _lax_loop(cond, body, carry.arrays, max_steps, progress)
         if kind == "bounded":
             return bounded_loop(cond, body, carry.arrays, max_steps, base, progress)
-        return _checkpointed(
-            cond, body, carry.arrays, is_buffer, max_steps, checkpoints, progress
-        )
+        return _checkpointed(cond, body, carry.arrays, is_buffer, max_steps, checkpoints, progress)
 
     return carry.rebuild(carry.finish(carry.run(loop)))
 
