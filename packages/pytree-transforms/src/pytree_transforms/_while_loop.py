@@ -423,6 +423,17 @@ def _lax_loop(
         going = cond(carry[1])
         return going if max_steps is None else (carry[0] < max_steps) & going
 
+    extra = None if progress is None else progress.start()
+    carry = (jnp.int32(0), arrays, extra)
+    i, arrays, _ = lax.while_loop(counted_cond, _counted(body, progress), carry)
+    if progress is not None:
+        progress.finish(i, arrays)
+    return arrays
+
+
+def _counted(body: Any, progress: Any) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """`body` on `(steps taken, arrays, progress state)`, reporting progress after each step."""
+
     def counted_body(carry: tuple[Any, ...]) -> tuple[Any, ...]:
         i, arrays, extra = carry
         arrays = body(arrays)
@@ -430,11 +441,7 @@ def _lax_loop(
             extra = progress.update(i + 1, arrays, extra)
         return i + 1, arrays, extra
 
-    extra = None if progress is None else progress.start()
-    i, arrays, _ = lax.while_loop(counted_cond, counted_body, (jnp.int32(0), arrays, extra))
-    if progress is not None:
-        progress.finish(i, arrays)
-    return arrays
+    return counted_body
 
 
 def bounded_loop(
@@ -451,12 +458,7 @@ def bounded_loop(
     def going(carry: tuple[Any, ...]) -> Any:
         return (carry[0] < max_steps) & cond(carry[1])
 
-    def advance(carry: tuple[Any, ...]) -> tuple[Any, ...]:
-        i, arrays, extra = carry
-        arrays = body(arrays)
-        if progress is not None:
-            extra = progress.update(i + 1, arrays, extra)
-        return i + 1, arrays, extra
+    advance = _counted(body, progress)
 
     def one(carry: tuple[Any, ...]) -> tuple[Any, ...]:
         return lax.cond(going(carry), advance, lambda c: c, carry)
