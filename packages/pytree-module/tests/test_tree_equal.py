@@ -32,6 +32,19 @@ def test_tolerances():
     assert tree_equal([1.0], [1.0005], atol=1e-3)
 
 
+def test_tolerances_leave_integers_bools_and_float0_exact():
+    # The gradient of an integer input is a float0 array: tolerances apply to floating-point
+    # values only, and the others compare exactly (they have no distance to measure).
+    grad = jax.grad(lambda x, n: x * n, argnums=(0, 1), allow_int=True)(1.0, 3)
+    assert grad[1].dtype == jax.dtypes.float0
+    assert tree_equal(grad, grad, rtol=1e-5, atol=1e-8)
+    assert tree_equal(np.array([True, False]), np.array([True, False]), atol=1e-3)
+    assert not tree_equal(np.array([True, False]), np.array([True, True]), atol=1e-3)
+    assert not tree_equal(jnp.array([1, 2]), jnp.array([1, 3]), atol=5)
+    traced = jax.jit(lambda a, b: tree_equal(a, b, atol=5))(jnp.array([1, 2]), jnp.array([1, 3]))
+    assert not bool(traced)
+
+
 def test_under_jit_returns_a_traced_boolean():
     out = jax.jit(lambda a, b: tree_equal(a, b))(jnp.ones(2), jnp.ones(2))
     assert bool(out)

@@ -15,7 +15,8 @@ def tree_equal(
     """Whether all `trees` have the same structure and equal leaves.
 
     Arrays are equal when their shapes and dtypes match and their values agree within
-    `atol + rtol * |other|` (exactly, by default). Other leaves compare with `==`. Under a
+    `atol + rtol * |other|` (exactly, by default; integer, bool and float0 arrays always
+    exactly). Other leaves compare with `==`. Under a
     JAX trace the result is a traced boolean array.
 
     With `typematch=True`, corresponding leaves must also have the same type: `1`, `1.0`
@@ -110,6 +111,8 @@ def _leaf_equal(a: Any, b: Any, rtol: float, atol: float) -> bool | jax.Array:
 
 
 def _close(xnp: Any, a: Any, b: Any, rtol: float, atol: float) -> Any:
-    if rtol == 0 and atol == 0:
+    # Tolerances are for floating-point values: integers, bools and float0 (the gradients
+    # of integer inputs) compare exactly, and have no subtraction to measure a distance with.
+    if (rtol == 0 and atol == 0) or not jnp.issubdtype(a.dtype, jnp.inexact):
         return xnp.all(a == b)
     return xnp.all(xnp.abs(a - b) <= atol + rtol * xnp.abs(b))
