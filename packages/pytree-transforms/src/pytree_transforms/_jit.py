@@ -31,7 +31,7 @@ from ._input_writes import check_input_writes, record_inputs
 from ._jit_diagnose import diagnose_inputs, traced_leaf_names
 from ._jit_plan import Plan
 from ._jit_stages import Lowered
-from ._method import BindsAsMethod, method_as_pytree
+from ._method import BindsAsMethod, is_pytree_leaf, method_as_pytree
 from ._outputs import PackedOutput, pack_output, unpack_output
 from ._sharing import Sharing, find_sharing, has_repeats, selected_once
 from ._static_key import KeyedStatics
@@ -446,15 +446,12 @@ def _is_leaf(fun: Any) -> bool:
     """Whether `fun` is a plain function, fixed for the wrapper's life, rather than a
     callable pytree that comes into each call. Looks one level down only: it runs on
     every `filter_jit(...)`."""
-    if _flatten_one_level(fun) is None:
+    if is_pytree_leaf(fun):
         # A `pytree=False` Module is a leaf too, but it stays in the call to be refused
         # there (with a pointer to pytree_graph).
         return not isinstance(fun, Module)
     # A transform of a plain function (`filter_grad(loss)`) is as fixed as the function.
     return isinstance(fun, BindsAsMethod) and not jax.tree.leaves(fun)
-
-
-_flatten_one_level = jax.tree_util.default_registry.flatten_one_level
 
 
 # The wrappers made so far, so that wrapping the same function again with equal options

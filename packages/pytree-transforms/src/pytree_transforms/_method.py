@@ -90,12 +90,14 @@ def method_as_pytree(fun: Any) -> Any:
     """
     if type(fun) is types.MethodType:
         instance = fun.__self__
-        if isinstance(instance, Module) or not _is_leaf(instance):
+        if isinstance(instance, Module) or not is_pytree_leaf(instance):
             return BoundMethod(fun.__func__, instance)
     return fun
 
 
-def _is_leaf(value: Any) -> bool:
+def is_pytree_leaf(value: Any) -> bool:
+    """Whether JAX takes `value` as a leaf (no registered node type), looking one level down
+    only, at no cost growing with the value's size."""
     return _flatten_one_level(value) is None
 
 
@@ -116,7 +118,7 @@ def register_wrapper(cls: type) -> type:
     """
 
     def flatten(wrapper: Any) -> tuple[tuple[Any, ...], Any]:
-        if _is_leaf(wrapper._fun):
+        if is_pytree_leaf(wrapper._fun):
             return (), wrapper
         key, arguments = wrapper._options()
         return (wrapper._fun,), _Shell(cls, key, arguments)

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import jax
 
+from ._method import is_pytree_leaf
 from ._static_key import static_key
 
 _Wrapper = TypeVar("_Wrapper")
@@ -78,8 +79,6 @@ class WrapperCache:
             self._recent.clear()
 
 
-_flatten_one_level = jax.tree_util.default_registry.flatten_one_level
-
 # function (or a callable pytree's class) -> {options key -> cache}. Weak in the function:
 # its entries go when it does.
 _SHARED: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
@@ -109,7 +108,7 @@ def shared_cache(fun: Callable[..., Any], options: Any, make: Callable[[], Any])
     """
     owner: Any = fun
     if type(fun) is not types.FunctionType:
-        if _flatten_one_level(fun) is None:  # a leaf: it would be held in the static part
+        if is_pytree_leaf(fun):  # a leaf: it would be held in the static part
             return make()
         owner = type(fun)
     leaves, treedef = jax.tree.flatten(options)
