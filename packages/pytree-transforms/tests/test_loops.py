@@ -1,8 +1,7 @@
 """while_loop and scan: values, gradients against unrolled references, the checkpointing
-schedule's recomputations and memory, buffers, transforms and errors."""
+schedule's memory, buffers, transforms and errors."""
 
 import math
-from functools import lru_cache
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +10,6 @@ import pytest
 from jax import lax
 
 from pytree_transforms import scan, while_loop
-from pytree_transforms._checkpointed_loop import _split
 
 KINDS = ["lax", "checkpointed", "bounded"]
 
@@ -229,126 +227,7 @@ def test_scan_gradients_match_lax_scan(checkpoints, reverse):
 
 
 # ---------------------------------------------------------------------------------------------
-# The schedule: recomputations within the binomial bound, memory independent of the steps
-
-
-@lru_cache(None)
-def fewest_recomputations(steps, slots):
-    """The least number of steps recomputed to reverse `steps` steps with `slots` stored
-    carries (the initial one included), by dynamic programming over every first split."""
-    if steps <= 1:
-        return 0
-    if slots == 1:
-        return steps * (steps - 1) // 2
-    return min(
-        m + fewest_recomputations(steps - m, slots - 1) + fewest_recomputations(m, slots)
-        for m in range(1, steps)
-    )
-
-
-def test_split_satisfies_the_binomial_bounds_and_is_optimal():
-    pairs = [(steps, slots) for steps in range(2, 60) for slots in range(1, 7)]
-    splits = jax.jit(jax.vmap(_split))(*map(jnp.array, zip(*pairs, strict=True)))
-    chosen = dict(zip(pairs, map(int, splits), strict=True))
-
-    def cost(steps, slots):
-        if steps <= 1:
-            return 0
-        m = chosen[(steps, slots)]
-        return m + cost(steps - m, slots - 1) + cost(m, slots)
-
-    for (steps, slots), m in chosen.items():
-        r = 0
-        while math.comb(slots + r, slots) < steps:
-            r += 1
-        assert steps - m <= math.comb(slots - 1 + r, slots - 1)
-        assert m <= math.comb(slots + r - 1, slots)
-        assert cost(steps, slots) == fewest_recomputations(steps, slots)
-
-
-@pytest.mark.parametrize(("steps", "checkpoints"), [(1, 1), (10, 1), (10, 2), (30, 3), (50, 4)])
-def test_body_evaluations_within_binomial_bound(steps, checkpoints):
-    calls = []
-
-    def body(c):
-        jax.debug.callback(lambda: calls.append(1))
-        return c[0] + 1, jnp.sin(c[1])
-
-    def f(x):
-        return while_loop(
-            lambda c: c[0] < steps,
-            body,
-            (jnp.int32(0), x),
-            kind="checkpointed",
-            checkpoints=checkpoints,
-        )[1]
-
-    jax.block_until_ready(jax.jit(jax.grad(f))(jnp.float32(0.3)))
-    jax.effects_barrier()
-    # The forward pass, one evaluation per step for its VJP, and the recomputations.
-    assert len(calls) == steps + steps + fewest_recomputations(steps, checkpoints)
-
-
-def scheduled_evaluations(steps, checkpoints, planned_steps):
-    """Body evaluations of the forward and backward passes, following the schedule step by
-    step: checkpoints placed while running for a loop of `planned_steps` steps (None: none),
-    then the backward pass's pushes, recomputations and VJPs."""
-    split = jax.jit(_split)
-    stack, evaluations = [0], steps
-    if planned_steps is not None and checkpoints > 1 and planned_steps > 1:
-        next_to_save = int(split(planned_steps, checkpoints))
-        for i in range(steps):
-            if i == next_to_save and len(stack) < checkpoints:
-                stack.append(i)
-                remaining = planned_steps - i
-                if remaining > 1:
-                    next_to_save = i + int(split(remaining, checkpoints - len(stack) + 1))
-    target = steps - 1
-    while target >= 0:
-        position = stack[-1]
-        remaining = target + 1 - position
-        advance = int(split(remaining, checkpoints - len(stack) + 1)) if remaining > 1 else 0
-        evaluations += advance
-        if position + advance == target:
-            evaluations += 1
-            target -= 1
-            if advance == 0:
-                stack.pop()
-        else:
-            stack.append(position + advance)
-    return evaluations
-
-
-@pytest.mark.parametrize(
-    ("steps", "checkpoints", "max_steps"),
-    [(10, 2, 10), (30, 3, 30), (30, 3, 45), (50, 4, 50), (50, 6, 50), (20, 4, 200)],
-)
-def test_checkpoints_placed_while_running_save_recomputation(steps, checkpoints, max_steps):
-    calls = []
-
-    def body(c):
-        jax.debug.callback(lambda: calls.append(1))
-        return c[0] + 1, jnp.sin(c[1])
-
-    def f(x):
-        return while_loop(
-            lambda c: c[0] < steps,
-            body,
-            (jnp.int32(0), x),
-            max_steps=max_steps,
-            kind="checkpointed",
-            checkpoints=checkpoints,
-        )[1]
-
-    jax.block_until_ready(jax.jit(jax.grad(f))(jnp.float32(0.3)))
-    jax.effects_barrier()
-    offline = 2 * steps + fewest_recomputations(steps, checkpoints)
-    assert scheduled_evaluations(steps, checkpoints, None) == offline
-    assert len(calls) == scheduled_evaluations(steps, checkpoints, max_steps)
-    if max_steps == steps:
-        # The backward pass's first sweep (steps - 1 recomputations) is saved, up to the
-        # steps past the last checkpoint when they run out.
-        assert len(calls) < offline
+# Memory independent of the steps (the schedule itself: test_checkpoint_schedule.py)
 
 
 def saved_bytes(fn, *args):

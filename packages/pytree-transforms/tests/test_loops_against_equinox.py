@@ -108,3 +108,49 @@ def test_scan_matches_equinox(kind):
         jax.value_and_grad(total, (1, 2))(scan, jnp.float32(0.8), xs),
         jax.value_and_grad(total, (1, 2))(eqxi.scan, jnp.float32(0.8), xs),
     )
+
+
+def recomputation_order(loop, steps, checkpoints, max_steps):
+    """The steps the body runs at in the backward pass of a gradient through `loop`."""
+    calls = []
+
+    def body(carry):
+        i, y = carry
+        jax.debug.callback(lambda i: calls.append(int(i)), i)
+        return i + 1, jnp.sin(y)
+
+    def loss(y):
+        init = (jnp.int32(0), y)
+        return loop(
+            lambda c: c[0] < steps,
+            body,
+            init,
+            max_steps=max_steps,
+            kind="checkpointed",
+            checkpoints=checkpoints,
+        )[1]
+
+    jax.block_until_ready(jax.jit(jax.grad(loss))(jnp.float32(0.3)))
+    jax.effects_barrier()
+    return calls[steps:]
+
+
+@pytest.mark.parametrize(
+    ("steps", "checkpoints"),
+    [(3, 1), (5, 2), (8, 2), (11, 3), (9, 4), (14, 4), (5, 9), (20, 5)],
+)
+@pytest.mark.parametrize("bounded", [False, True])
+def test_checkpoints_placed_as_equinox_places_them(steps, checkpoints, bounded):
+    # The same placement while running (Stumm--Walther, then Wang--Moin). Where the
+    # backward pass has a choice of split, ours takes the binomial rule's and Equinox's
+    # bisects: these cases are ones where both choose alike (the long loops below differ).
+    max_steps = steps if bounded else None
+    ours = recomputation_order(while_loop, steps, checkpoints, max_steps)
+    assert ours == recomputation_order(eqxi.while_loop, steps, checkpoints, max_steps)
+
+
+@pytest.mark.parametrize(("steps", "checkpoints"), [(60, 2), (200, 3), (300, 5)])
+def test_long_loops_recompute_fewer_steps_than_equinox(steps, checkpoints):
+    ours = recomputation_order(while_loop, steps, checkpoints, None)
+    theirs = recomputation_order(eqxi.while_loop, steps, checkpoints, None)
+    assert len(ours) < len(theirs)

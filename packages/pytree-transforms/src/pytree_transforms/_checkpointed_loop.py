@@ -1,24 +1,19 @@
 """A loop that reverse-mode autodiff goes through in bounded memory: binomial checkpointing.
 
-The forward pass is a `lax.while_loop` that counts its steps and saves its inputs and, when
-`max_steps` bounds the loop, the checkpoints that the backward pass's first sweep would place
-for `max_steps` steps (`_save_while_running`). The backward pass reverses the steps with
-Griewank's treeverse ("revolve"): it keeps at most `checkpoints` carries on a stack of
-fixed-size buffers, the initial one at the bottom; for each step to reverse, it advances from
-the newest checkpoint, pushing the carries reached at the positions that Griewank and
-Walther's rule picks (`_split`), which makes the fewest recomputations of any schedule with
-that many checkpoints (less the first sweep, when the forward pass placed its checkpoints),
-then takes the VJP of that one step and pops the checkpoint there.
+The forward pass is a `lax.while_loop` that counts its steps and stores at most
+`checkpoints` of its states as it runs (`_checkpoint_schedule`: where the backward pass's
+first sweep would put them when the number of steps is known, online otherwise). The
+backward pass reverses the steps from the newest of those:
+for each step to reverse, it advances from the newest checkpoint, pushing the states
+reached at the positions that Griewank and Walther's rule picks (`binomial_split`), the
+fewest recomputations for the slots left, then takes the VJP of that one step and pops the
+checkpoint there.
 
 The derivative is a `jax.custom_jvp` whose tangent is a linear primitive (`_tangent_p`) with
 two implementations: evaluated (`jax.jvp`) it runs the loop again in forward mode; transposed
 (`jax.grad`, `jax.vjp`) it runs the backward pass above. Which carry leaves the derivative
 reaches (are "perturbed") is worked out when traced, from which inputs have symbolic-zero
 tangents; the others get symbolic-zero tangents out, as a `lax` loop gives them.
-
-References: A. Griewank, "Achieving logarithmic growth of temporal and spatial complexity in
-reverse automatic differentiation", Optimization Methods and Software 1 (1992); A. Griewank
-and A. Walther, "Algorithm 799: revolve", ACM TOMS 26 (2000).
 
 Everything here works on flat lists of arrays; `_while_loop` and `_scan` turn pytrees into
 those lists and back.
@@ -30,66 +25,27 @@ from typing import Any
 import jax
 import jax.extend.core
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 from jax.interpreters import ad, batching, mlir
 
 from pytree_filter import is_inexact_array
 
+from ._checkpoint_schedule import (
+    OfflinePlacement,
+    OnlinePlacement,
+    binomial_split,
+    empty_stack,
+    place_offline,
+    place_online,
+    push_if,
+    sort_stack,
+)
 from ._closure import filter_closure_convert
 from ._nondifferentiable import nondifferentiable_backward
 
-_INT_MAX = np.iinfo(np.int32).max
-
 Step = Callable[[list[Any], list[Any], list[Any]], tuple[list[Any], list[Any]]]
 Cond = Callable[[list[Any], list[Any]], Any]
-
-
-def _split(steps: Any, slots: Any) -> Any:
-    """Where to put the next checkpoint: `m` steps past the newest one, when `steps` (>= 2)
-    steps remain to reverse from it and `slots` checkpoints (its own included) are free.
-
-    Griewank and Walther's rule (Algorithm 799, `revolve`): with `r` the least repetition
-    count such that binom(slots + r, slots) >= steps, the `m` it picks satisfies
-    `steps - m <= binom(slots - 1 + r, slots - 1)` and `m <= binom(slots + r - 1, slots)`,
-    and among those it is one that minimises the total number of recomputed steps.
-    """
-    steps = jnp.asarray(steps, jnp.int32)
-    slots = jnp.asarray(slots, jnp.int32)
-
-    def grow(betas: tuple[Any, ...]) -> tuple[Any, ...]:
-        # binom(slots + r, slots) from binom(slots + r - 1, slots), exactly in int32: the
-        # product is split so that only the final value, and never an intermediate one,
-        # could overflow (and then saturates, which ends the search).
-        r, b0, b1, b2, _ = betas
-        r = r + 1
-        factor = slots + r
-        whole, rest = b0 // r, b0 % r
-        extra = rest * factor // r
-        saturate = whole > (_INT_MAX - extra) // factor
-        return r, jnp.where(saturate, _INT_MAX, whole * factor + extra), b0, b1, b2
-
-    # With one slot the answer is known (advance to the last step); skip the search.
-    target = jnp.where(slots == 1, 0, steps)
-    zero, one = jnp.int32(0), jnp.int32(1)
-    _, b0, b1, b2, b3 = lax.while_loop(
-        lambda betas: betas[1] < target, grow, (zero, one, zero, zero, zero)
-    )
-    # b0..b3 are binom(slots + k, slots) for k = r, r-1, r-2, r-3 (zero below k = 0); the
-    # other binomials of the rule follow from Pascal's rule.
-    bino1 = b1  # beta(slots, r - 1)
-    bino2 = b1 - b2  # beta(slots - 1, r - 1)
-    bino3 = bino2 - (b2 - b3)  # beta(slots - 2, r - 1)
-    bino4 = b2  # beta(slots, r - 2)
-    bino5 = jnp.where(slots >= 3, (b0 - b1) - bino2 - bino3, 0)  # beta(slots - 3, r)
-    m = jnp.where(
-        steps <= bino1 + bino3,
-        bino4,
-        jnp.where(steps >= b0 - bino5, bino1, steps - bino2 - bino3),
-    )
-    m = jnp.where(slots == 1, steps - 1, m)
-    return jnp.clip(m, 1, jnp.maximum(steps - 1, 1))
 
 
 def _merge(mask: Sequence[bool], chosen: list[Any], others: list[Any]) -> list[Any]:
@@ -104,52 +60,6 @@ def _pick(mask: Sequence[bool], values: Sequence[Any]) -> list[Any]:
 
 def _drop(mask: Sequence[bool], values: Sequence[Any]) -> list[Any]:
     return [v for v, m in zip(values, mask, strict=True) if not m]
-
-
-def _empty_stack(state: list[Any], checkpoints: int) -> tuple[list[Any], Any]:
-    """Room for `checkpoints` states and their step numbers, with `state` at step 0, and one
-    more slot, never read, that `_push_if` writes when it does not push."""
-    stack = [
-        jnp.zeros((checkpoints + 1, *jnp.shape(s)), jnp.result_type(s)).at[0].set(s) for s in state
-    ]
-    return stack, jnp.zeros((checkpoints + 1,), jnp.int32)
-
-
-def _push_if(
-    flag: Any, stack: tuple[list[Any], Any], top: Any, state: list[Any], position: Any
-) -> tuple[list[Any], Any]:
-    """`stack` with `state`, at step `position`, stored in slot `top` where `flag` holds.
-
-    Done as a write in every case, outside any `lax.cond`, into the spare last slot where
-    `flag` is false: XLA then updates the stack in place, where a `cond` returning it, or a
-    read of the slot before writing it, would copy the whole stack at every iteration.
-    """
-    states, positions = stack
-    spare = positions.shape[0] - 1
-    slot = jnp.where(flag, jnp.minimum(top, spare - 1), spare)
-    states = [
-        lax.dynamic_update_index_in_dim(s, v, slot, 0) for s, v in zip(states, state, strict=True)
-    ]
-    return states, lax.dynamic_update_index_in_dim(positions, position, slot, 0)
-
-
-def _save_while_running(
-    i: Any, state: list[Any], saved: list[Any], max_steps: int, checkpoints: int
-) -> list[Any]:
-    """Store the state at step `i` if the backward pass's first sweep, for a loop of
-    `max_steps` steps, would checkpoint it; returns the new `(stack, top, next_to_save)`."""
-    stack, top, next_to_save = saved
-    save = (i == next_to_save) & (top < checkpoints)
-    stack = _push_if(save, stack, top, state, i)
-    top = jnp.where(save, top + 1, top)
-    remaining = max_steps - i
-
-    def following() -> Any:
-        return i + _split(remaining, checkpoints - top + 1)
-
-    # The split is worked out only at the steps saved, not at every step.
-    next_to_save = lax.cond(save & (remaining > 1), following, lambda: next_to_save)
-    return [stack, top, next_to_save]
 
 
 _REVERSE_OVER_FORWARD = (
@@ -340,8 +250,8 @@ def checkpointed_loop(
         return jax.tree.unflatten(step_def, consts)(state, buffers, x)
 
     def forward(inputs: list[Any], saving: bool) -> tuple[Any, ...]:
-        """The loop; with `saving`, also the checkpoints of the backward pass's first sweep
-        (see `_save_while_running`): `(count, state, buffers[, stack, top])`."""
+        """The loop; with `saving`, also the checkpoints it stores for the backward pass
+        (see `place`): `(count, state, buffers[, (stack, positions), top])`."""
         state, buffers, xs, step_consts, cond_consts = ungroup(inputs)
 
         def keep_going(carry: tuple[Any, ...]) -> Any:
@@ -354,7 +264,9 @@ def checkpointed_loop(
         def advance(carry: tuple[Any, ...]) -> tuple[Any, ...]:
             i, state, buffers, extra, *saved = carry
             if saving:
-                saved = _save_while_running(i, state, saved, max_steps, checkpoints)
+                stack, placement = saved
+                save, slot, placement = place(i, placement, stack[1][:-1])
+                saved = [push_if(save, stack, slot, state, i), placement]
             state, buffers = run_step(step_consts, state, buffers, x_at(xs, i))
             if progress is not None:
                 extra = progress.update(i + 1, state, buffers, extra)
@@ -363,17 +275,31 @@ def checkpointed_loop(
         extra = None if progress is None else progress.start()
         carry: tuple[Any, ...] = (jnp.int32(0), state, buffers, extra)
         if saving:
-            first = _split(max_steps, checkpoints) if max_steps > 1 else max_steps
-            carry += (_empty_stack(state, checkpoints), jnp.int32(1), jnp.int32(first))
+            carry += (empty_stack(state, checkpoints), start_placement())
         count, state, buffers, extra, *saved = lax.while_loop(keep_going, advance, carry)
         if progress is not None:
             progress.finish(count, state, buffers)
-        return count, state, buffers, *saved[:2]
+        if saving:
+            saved = sort_stack(saved[0], count)
+        return count, state, buffers, *saved
 
-    # Checkpoints are placed during the forward pass when the loop's length is bounded: where
-    # the backward pass would put them for a loop of `max_steps` steps. A loop that stops
-    # earlier keeps those before its end, and the backward pass places the others.
-    saving = max_steps is not None and checkpoints > 1
+    # With one checkpoint there is nothing to place: it holds the initial state.
+    saving = checkpoints > 1
+    if cond is None and max_steps is not None:
+        # Exactly `max_steps` steps: placed as the backward pass would, knowing the length.
+        def start_placement() -> Any:
+            return OfflinePlacement.start(checkpoints, max_steps)
+
+        def place(i: Any, placement: Any, positions: Any) -> Any:
+            return place_offline(i, placement, max_steps, checkpoints)
+
+    else:
+
+        def start_placement() -> Any:
+            return OnlinePlacement.start(checkpoints)
+
+        def place(i: Any, placement: Any, positions: Any) -> Any:
+            return place_online(i, placement, positions, max_steps)
 
     def primal(inputs: list[Any]) -> list[Any]:
         _, state, buffers, *_ = forward(inputs, saving=False)
@@ -590,10 +516,11 @@ class _Tangent:
 
         def split_at(position: Any, target: Any, top: Any) -> Any:
             """Where the advance from a checkpoint at `position` (the newest, in slot
-            `top - 1`) stops: at `target`, or where `_split` puts the next checkpoint."""
+            `top - 1`) stops: at `target`, or where `binomial_split` puts the next
+            checkpoint."""
             return lax.cond(
                 position < target,
-                lambda: position + _split(target + 1 - position, checkpoints - (top - 1)),
+                lambda: position + binomial_split(target + 1 - position, checkpoints - (top - 1)),
                 lambda: position,
             )
 
@@ -637,7 +564,7 @@ class _Tangent:
             advanced = position + 1
             reached = ~reversing & (advanced == goal)
             push = reached & (advanced < target)
-            stack, positions = _push_if(push, (stack, positions), top, new_state, advanced)
+            stack, positions = push_if(push, (stack, positions), top, new_state, advanced)
             # Read after the push (which leaves slot `top - 1` as it was): a read before a
             # write would make XLA copy the array.
             newest_position = positions[top - 1]
@@ -665,11 +592,8 @@ class _Tangent:
 
         if saved is not None:
             stack, positions, top = saved
-            # Only the checkpoints before the last step taken are of use.
-            used = (jnp.arange(checkpoints + 1) < top) & (positions < count)
-            top = jnp.sum(used, dtype=jnp.int32)
         else:
-            (stack, positions), top = _empty_stack(state, checkpoints), jnp.int32(1)
+            (stack, positions), top = empty_stack(state, checkpoints), jnp.int32(1)
         ct_init = (
             _drop(fixed, cts),
             # One spare row, where the iterations that do not reverse a step write.

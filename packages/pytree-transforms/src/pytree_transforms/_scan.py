@@ -80,14 +80,16 @@ def scan(
         length: the number of steps, when `xs` is None (else it must agree with `xs`).
         kind: `"lax"`: `jax.lax.scan`, whose reverse mode stores every step's residuals.
             `"checkpointed"`: reverse mode keeps only `checkpoints` copies of the carry and
-            recomputes the steps in between (binomial checkpointing); the outputs `ys` are
+            recomputes the steps in between (binomial checkpointing: the forward pass stores
+            those of the backward pass's first sweep); the outputs `ys` are
             written into a preallocated array, not checkpointed. Forward-mode
             differentiable too (not reverse over forward), with symbolic-zero
             (co)tangents for the carry leaves the derivative does not reach.
         checkpoints: for `"checkpointed"`, the number of carries kept, the initial one
-            included; by default the fewest with which no step is recomputed more than twice
-            (about `sqrt(2 * length)`). `"all"`: one a step, so none is recomputed (the
-            memory of `kind="lax"`, with this kind's interface), as Equinox's.
+            included; by default the fewest with which the backward pass recomputes no step
+            more than once (about `sqrt(2 * length)`). `"all"`: one a step, so none is
+            recomputed (the memory of `kind="lax"`, with this kind's interface), as
+            Equinox's.
         reverse: scan from the last row of `xs` to the first (and stack `ys` likewise).
         unroll: as for `jax.lax.scan`; `kind="lax"` only.
         buffers: `init -> pytree of array leaves of init`: large arrays of the carry that

@@ -43,15 +43,17 @@ def check_count(value: Any, name: str, caller: str, *, minimum: int) -> int | No
 
 
 def default_checkpoints(max_steps: int | None, caller: str) -> int:
-    """The fewest checkpoints with which no step is recomputed more than twice when
-    reversing `max_steps` steps: the least `c` with binom(c + 2, 2) >= `max_steps`."""
+    """The fewest checkpoints with which the backward pass runs no step more than twice
+    (recomputed at most once, then for its VJP) when reversing up to `max_steps` steps,
+    whether the loop knows its length or places its checkpoints online: the least `c` with
+    binom(c + 2, 2) > `max_steps` (Stumm and Walther's bound)."""
     if max_steps is None:
         raise ValueError(
             f'{caller}: kind="checkpointed" needs `checkpoints` when `max_steps` is None: '
             "it keeps that many carries for the backward pass, and cannot size them for an "
             "unbounded loop. Pass `checkpoints=` (e.g. 100), or `max_steps=`."
         )
-    return max(1, math.ceil((math.sqrt(8 * max_steps + 1) - 3) / 2))
+    return max(1, math.ceil((math.sqrt(8 * (max_steps + 1) + 1) - 3) / 2))
 
 
 _PYTHON_NUMBERS = (bool, int, float, complex)
@@ -320,8 +322,9 @@ def while_loop(
             `kind="bounded"`.
         kind: `"lax"`: `jax.lax.while_loop`; forward-mode differentiable, not reverse-mode.
             `"checkpointed"`: reverse-mode differentiable in memory bounded by
-            `checkpoints` copies of the carry, whatever the number of steps: the backward
-            pass recomputes steps from checkpoints (binomial checkpointing). Also
+            `checkpoints` copies of the carry, whatever the number of steps: they are
+            placed online as the loop runs (Stumm--Walther, then Wang--Moin, as Equinox's),
+            and the backward pass recomputes steps from them (binomial checkpointing). Also
             forward-mode differentiable (`jax.jvp`, `jax.jacfwd`, and forward over
             reverse such as `jax.hessian`), not reverse over forward. Carry leaves that
             the derivative does not reach get symbolic-zero tangents and cotangents, as
@@ -330,8 +333,8 @@ def while_loop(
             after `cond_fun` turns false; differentiable in both modes, with memory growing
             with `max_steps`.
         checkpoints: for `"checkpointed"`, the number of carries kept for the backward pass,
-            the initial one included; by default the fewest with which no step is
-            recomputed more than twice (about `sqrt(2 * max_steps)`). Required when
+            the initial one included; by default the fewest with which the backward pass
+            recomputes no step more than once (about `sqrt(2 * max_steps)`). Required when
             `max_steps` is None.
         buffers: `init_val -> pytree of array leaves of init_val`: large arrays that
             `body_fun` fills in place, `buf.at[i].set(...)`. With `"checkpointed"` they are
