@@ -121,3 +121,100 @@ def test_a_single_value_is_refused():
     for value in (5, None, jnp.ones(3)):
         with pytest.raises(TypeError, match=r"tabulate: `model` must be a Module .*got "):
             tabulate(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# depth= and FLOPs
+
+
+class TwoLayers(Module):
+    def __init__(self):
+        self.first = Linear(2, 4, rngs=0)
+        self.second = Linear(4, 1, rngs=1)
+
+    def __call__(self, x):
+        return self.second(jax.nn.relu(self.first(x)))
+
+
+def lowered_flops(fn, *args):
+    cost = jax.jit(fn).lower(*args).cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    return int(cost["flops"])
+
+
+def test_flops_of_each_call_from_xla_cost_analysis():
+    x = jnp.ones((3, 2))
+    table = tabulate(TwoLayers(), x, compute_flops=True)
+    assert row(table, "(root)")[:4] == ["(root)", "TwoLayers", "f32[3,1]", "99"]
+    # A dense layer: 2 * batch * in * out for the product, batch * out for the bias.
+    assert row(table, ".first")[3] == str(2 * 3 * 2 * 4 + 3 * 4)
+    assert row(table, ".second")[3] == str(2 * 3 * 4 * 1 + 3 * 1)
+    assert "vjp_flops" not in table
+
+
+def test_vjp_flops_are_those_of_the_hand_written_vjp():
+    model, x = TwoLayers(), jnp.ones((3, 2))
+    table = tabulate(model, x, compute_vjp_flops=True)
+    kernel, bias = model.first.kernel.value, model.first.bias.value
+
+    def vjp(kernel, bias, x):
+        out, pullback = jax.vjp(lambda k, b, x: x @ k + b, kernel, bias, x)
+        return pullback(out)
+
+    assert row(table, ".first")[3] == f"{lowered_flops(vjp, kernel, bias, x):,}"
+    assert row(table, "(root)")[3] == "277"
+
+
+def test_depth_folds_deeper_modules_into_their_ancestor():
+    model = Sequential(TwoLayers(), Linear(1, 2, rngs=2))
+    # `.layers[0]` is two deep (an attribute, then an index), as in NNX.
+    table = tabulate(model, jnp.ones((3, 2)), depth=2, compute_flops=True)
+    paths = [line.split("|")[1].strip() for line in table.splitlines()[2:-3]]
+    assert paths == ["(root)", ".layers[0]", ".layers[1]"]
+    assert row(table, ".layers[0]")[4] == (
+        "17 (68 B): first.bias f32[4], first.kernel f32[2,4], second.bias f32[1], "
+        "second.kernel f32[4,1]"
+    )
+    assert row(table, ".layers[0]")[3] == "99"  # the FLOPs of the whole subtree's call
+    # The totals count every Module, shown or not.
+    assert "Total: 21 (84 B) in 5 Modules." in table
+    only_root = tabulate(model, depth=0)
+    assert [line.split("|")[1].strip() for line in only_root.splitlines()[2:-3]] == ["(root)"]
+    assert tabulate(model, depth=None) == tabulate(model)
+
+
+def test_flops_of_a_module_called_twice_add_up_and_it_stays_one_row():
+    class Twice(Module):
+        def __init__(self):
+            self.layer = Linear(3, 3, rngs=0)
+
+        def __call__(self, x):
+            return self.layer(self.layer(x))
+
+    table = tabulate(Twice(), jnp.ones((2, 3)), compute_flops=True)
+    assert row(table, ".layer")[3] == str(2 * (2 * 2 * 3 * 3 + 2 * 3))
+
+
+def test_flops_on_an_abstract_model_change_nothing():
+    abstract = pg.eval_shape(lambda: MLP(4, 2, width_size=8, depth=1, rngs=0))
+    table = tabulate(abstract, jax.ShapeDtypeStruct((5, 4), jnp.float32), compute_flops=True)
+    assert row(table, ".layers[0]")[3] == str(2 * 5 * 4 * 8 + 5 * 8)
+    model = Sequential(Linear(2, 2, rngs=0), Dropout(0.5, rngs=Rngs(1)))
+    before = pg.state(model)
+    tabulate(model, jnp.ones((4, 2)), compute_flops=True, compute_vjp_flops=True)
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), before, pg.state(model)))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (dict(depth=-1), r"`depth` must be None or an int >= 0"),
+        (dict(depth=1.5), r"`depth` must be None or an int >= 0"),
+        (dict(depth=True), r"`depth` must be None or an int >= 0"),
+        (dict(compute_flops=True), r"need example inputs"),
+        (dict(compute_vjp_flops=True), r"need example inputs"),
+    ],
+)
+def test_bad_depth_and_flops_without_inputs(options, message):
+    with pytest.raises(ValueError, match=message):
+        tabulate(TwoLayers(), **options)
