@@ -110,3 +110,34 @@ def test_traces_once_where_equinox_traces_twice():
         return len(traces)
 
     assert [count_traces(ni) for ni in NOINLINES] == [1, 2]
+
+
+@pytest.mark.parametrize("ni", NOINLINES)
+def test_swapping_functions_that_share_an_abstract_fn_as_equinox_does(ni):
+    traces = {"f": 0, "g": 0, "call": 0}
+
+    def abstract(_, x, y):
+        return jnp.broadcast_arrays(x, y)[0]
+
+    def f(x, y):
+        traces["f"] += 1
+        return x + y
+
+    def g(x, y):
+        traces["g"] += 1
+        return x * y
+
+    f_fast, g_fast = ni(f, abstract), ni(g, abstract)
+
+    @jax.jit
+    def call(fn, x, y):
+        traces["call"] += 1
+        return fn(x, y)
+
+    same(call(f_fast, 2, 3), jnp.array(5), weak_types=False)
+    same(call(g_fast, 2, 3), jnp.array(6), weak_types=False)
+    assert traces == {"f": 1, "g": 1, "call": 1}
+    x = jnp.float32(0.5)
+    grads = [jax.grad(lambda a, fn=fn: call(fn, a, jnp.sin(a)))(x) for fn in (f_fast, g_fast)]
+    same(grads[0], 1 + jnp.cos(x))
+    same(grads[1], jnp.sin(x) + x * jnp.cos(x))

@@ -20,23 +20,23 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-from jax.extend.core import ClosedJaxpr, Primitive, jaxpr_as_fun
+from jax.extend.core import ClosedJaxpr, Primitive
 from jax.interpreters import ad, batching, mlir
 
 from pytree_filter import is_array
 
-from ._errors import check_callable, describe_leaf
+from . import _noinline_transforms as rules
+from ._errors import check_callable
 from ._method import BindsAsMethod, method_as_pytree, register_wrapper
+from ._noinline_swappable import Swappable
+from ._noinline_trace import Call, executable, trace, unhashable
+from ._noinline_transforms import transformed
 from ._static_key import KeyedStatics
 
-# Each cache holds jaxprs (and the functions they were traced from) for at most this many
-# functions and input shapes.
-_CACHE_SIZE = 512
 
-
-def noinline(fn: Callable[..., Any]) -> Callable[..., Any]:
+def noinline(
+    fn: Callable[..., Any], abstract_fn: Callable[..., Any] | None = None
+) -> Callable[..., Any]:
     """Compile `fn` once, as its own XLA program, and call it from compiled code without
     inlining it: a caller's compile time no longer grows with the number of calls.
 
@@ -58,12 +58,23 @@ def noinline(fn: Callable[..., Any]) -> Callable[..., Any]:
     `jax.jit`, `jax.grad`, `jax.vjp`, `jax.jvp`, `jax.vmap` (and the filtered transforms)
     work through it, and what they make of `fn` is itself compiled once and not inlined.
 
+    With `abstract_fn`, which function runs becomes an input of the call: functions
+    wrapped with the same `abstract_fn` can be passed to a jitted caller in turn without
+    compiling it again (a solver given one vector field, then another). The caller takes
+    the output's structure, shapes and dtypes from
+    `abstract_fn(fn's arrays, *args, **kwargs)` (`fn` with its non-array leaves replaced
+    by None; None for a plain function), which every function sharing it must agree with;
+    `fn` itself is traced only when it is first run, on the host.
+
     Arguments:
         fn: the function: any callable, including a Module or another pytree whose array
             leaves are then inputs like the arguments'.
+        abstract_fn: None, or a function giving the output's shapes and dtypes as above
+            (it is traced, never run), which makes `fn` swappable.
 
     Returns:
-        A function with `fn`'s signature. It is a pytree whose children are `fn`'s, so
+        A function with `fn`'s signature. It is a pytree whose children are `fn`'s (with
+        `abstract_fn`: a number naming `fn`, and `fn`'s arrays), so
         `filter_jit(noinline(model))` traces the model's arrays.
 
     Examples:
@@ -85,7 +96,10 @@ def noinline(fn: Callable[..., Any]) -> Callable[..., Any]:
         1
     """
     check_callable(fn, "noinline", "fn", spelling="noinline({})")
-    return _NoInline(method_as_pytree(fn))
+    if abstract_fn is None:
+        return _NoInline(method_as_pytree(fn))
+    check_callable(abstract_fn, "noinline", "abstract_fn", spelling="noinline(fn, {})")
+    return Swappable(method_as_pytree(fn), abstract_fn)
 
 
 @register_wrapper
@@ -121,100 +135,15 @@ class _NoInline(BindsAsMethod):
         try:
             statics = KeyedStatics(static)
         except TypeError:
-            raise _unhashable(tree, leaves) from None
+            raise unhashable(tree, leaves) from None
         arrays = [leaves[i] for i in dynamic]
         avals = tuple(jax.typeof(x) for x in arrays)
-        traced = _trace(_Call(treedef, dynamic, statics, avals))
+        traced = trace(Call(treedef, dynamic, statics, avals))
         outs = _noinline_p.bind(*arrays, jaxpr=traced.jaxpr) if traced.jaxpr.out_avals else []
         full = list(traced.out_static)
         for i, x in zip(traced.out_dynamic, outs, strict=True):
             full[i] = x
         return traced.out_def.unflatten(full)
-
-
-def _unhashable(tree: tuple[Any, ...], leaves: list[Any]) -> TypeError:
-    """The error for a static leaf that cannot key the cache of traces."""
-    for i, leaf in enumerate(leaves):
-        if not is_array(leaf):
-            try:
-                KeyedStatics((leaf,))
-            except TypeError:
-                where = describe_leaf(tree, i, ("fn", "args", "kwargs"))
-                return TypeError(
-                    f"noinline: {where} is {type(leaf).__name__} {leaf!r:.60}, which is not "
-                    "hashable. Leaves that are not arrays are static: they pick the "
-                    "compiled function, so they must be hashable. Pass an array there, or "
-                    "a hashable value (a tuple instead of a list of numbers, say)."
-                )
-    return TypeError("noinline: an argument is not hashable.")
-
-
-class _Call:
-    """What a call traces `fn` for: the static leaves and the input shapes and dtypes."""
-
-    __slots__ = ("_hash", "avals", "dynamic", "statics", "treedef")
-
-    def __init__(self, treedef: Any, dynamic: tuple[int, ...], statics: KeyedStatics, avals):
-        self.treedef = treedef
-        self.dynamic = dynamic
-        self.statics = statics
-        self.avals = avals
-        self._hash = hash((treedef, dynamic, statics, avals))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            type(other) is _Call
-            and self.treedef == other.treedef
-            and self.dynamic == other.dynamic
-            and self.statics == other.statics
-            and self.avals == other.avals
-        )
-
-
-class _Traced:
-    """`fn` traced for one `_Call`: its jaxpr, and how to rebuild its output."""
-
-    __slots__ = ("jaxpr", "out_def", "out_dynamic", "out_static")
-
-    def __init__(self, jaxpr: ClosedJaxpr, out_def: Any, out_dynamic, out_static):
-        self.jaxpr = jaxpr
-        self.out_def = out_def
-        self.out_dynamic = out_dynamic
-        self.out_static = out_static
-
-
-@functools.lru_cache(maxsize=_CACHE_SIZE)
-def _trace(call: _Call) -> _Traced:
-    """Trace `fn` to a jaxpr of its array inputs and outputs."""
-    output: list[Any] = []
-
-    def body(*arrays: Any) -> list[Any]:
-        full: list[Any] = []
-        static = iter(call.statics.values)
-        array = iter(arrays)
-        dynamic = set(call.dynamic)
-        for i in range(call.treedef.num_leaves):
-            full.append(next(array) if i in dynamic else next(static))
-        fun, args, kwargs = call.treedef.unflatten(full)
-        out_leaves, out_def = jax.tree.flatten(fun(*args, **kwargs))
-        output.extend([out_leaves, out_def])
-        return [x for x in out_leaves if is_array(x)]
-
-    jaxpr = jax.make_jaxpr(body)(*call.avals)
-    if any(isinstance(c, jax.core.Tracer) for c in jaxpr.consts):
-        raise ValueError(
-            "noinline: the function uses an array traced outside it (a closure over a "
-            "value of an enclosing jax.jit, vmap or grad). A noinline function is compiled "
-            "on its own, so it can only see what it is given: pass that array as an "
-            "argument instead."
-        )
-    out_leaves, out_def = output
-    out_dynamic = tuple(i for i, x in enumerate(out_leaves) if is_array(x))
-    out_static = tuple(None if is_array(x) else x for x in out_leaves)
-    return _Traced(jaxpr, out_def, out_dynamic, out_static)
 
 
 # The primitive. Its only parameter is the jaxpr it runs; cached jaxprs make equal calls
@@ -224,14 +153,8 @@ _noinline_p = Primitive("noinline")
 _noinline_p.multiple_results = True
 
 
-@functools.lru_cache(maxsize=_CACHE_SIZE)
-def _executable(jaxpr: ClosedJaxpr) -> Callable[..., Any]:
-    """The jaxpr as a jitted function: traced from the jaxpr, compiled on first use."""
-    return jax.jit(jaxpr_as_fun(jaxpr))
-
-
 def _impl(*args: Any, jaxpr: ClosedJaxpr) -> list[Any]:
-    return _executable(jaxpr)(*args)
+    return executable(jaxpr)(*args)
 
 
 def _abstract_eval(*avals: Any, jaxpr: ClosedJaxpr) -> list[Any]:
@@ -248,7 +171,7 @@ def _lower(ctx: Any, *args: Any, jaxpr: ClosedJaxpr) -> Any:
     """
     results, _, keepalive = mlir.emit_python_callback(
         ctx,
-        _executable(jaxpr),
+        executable(jaxpr),
         None,
         list(args),
         ctx.avals_in,
@@ -259,104 +182,26 @@ def _lower(ctx: Any, *args: Any, jaxpr: ClosedJaxpr) -> Any:
     return results
 
 
+def _bind_with(jaxpr: ClosedJaxpr) -> Any:
+    """How a rule of the call of `jaxpr` binds a call of the transformed jaxpr."""
+
+    def bind(transform: Any, operands: list[Any]) -> list[Any]:
+        return _noinline_p.bind(*operands, jaxpr=transformed(jaxpr, (transform,)))
+
+    return bind
+
+
 def _jvp(primals: list[Any], tangents: list[Any], *, jaxpr: ClosedJaxpr) -> tuple[list, list]:
     outs = _noinline_p.bind(*primals, jaxpr=jaxpr)
-    live = tuple(_is_live(t) for t in tangents)
-    inexact = [_is_inexact(a) for a in jaxpr.out_avals]
-    if not any(live) or not any(inexact):
-        return outs, [ad.Zero(a.to_tangent_aval()) for a in jaxpr.out_avals]
-    given = [t for t, lv in zip(tangents, live, strict=True) if lv]
-    out_tangents = iter(_noinline_p.bind(*primals, *given, jaxpr=_tangent_jaxpr(jaxpr, live)))
-    return outs, [
-        next(out_tangents) if i else ad.Zero(a.to_tangent_aval())
-        for a, i in zip(jaxpr.out_avals, inexact, strict=True)
-    ]
-
-
-def _is_live(tangent: Any) -> bool:
-    """Whether a tangent can be nonzero (not a symbolic zero, nor of an integer input)."""
-    return type(tangent) is not ad.Zero and tangent.dtype != jax.dtypes.float0
-
-
-def _is_inexact(aval: Any) -> bool:
-    return bool(jnp.issubdtype(aval.dtype, jnp.inexact))
-
-
-@functools.lru_cache(maxsize=_CACHE_SIZE)
-def _tangent_jaxpr(jaxpr: ClosedJaxpr, live: tuple[bool, ...]) -> ClosedJaxpr:
-    """The jaxpr from primals and live tangents to the tangents of the inexact outputs."""
-    fun = jaxpr_as_fun(jaxpr)
-    avals = jaxpr.in_avals
-    count = len(avals)
-
-    def tangent(*args: Any) -> list[Any]:
-        primals, given = args[:count], iter(args[count:])
-        tangents = [
-            next(given) if lv else _zero_tangent(a) for a, lv in zip(avals, live, strict=True)
-        ]
-        _, out = jax.jvp(fun, list(primals), tangents)
-        return [t for t, a in zip(out, jaxpr.out_avals, strict=True) if _is_inexact(a)]
-
-    tangent_avals = [a.to_tangent_aval() for a, lv in zip(avals, live, strict=True) if lv]
-    return jax.make_jaxpr(tangent)(*avals, *tangent_avals)
-
-
-def _zero_tangent(aval: Any) -> Any:
-    tangent = aval.to_tangent_aval()
-    if tangent.dtype == jax.dtypes.float0:
-        return np.zeros(aval.shape, jax.dtypes.float0)
-    return jnp.zeros(aval.shape, tangent.dtype)
+    return rules.jvp(_bind_with(jaxpr), jaxpr.out_avals, primals, outs, tangents)
 
 
 def _transpose(cts: list[Any], *args: Any, jaxpr: ClosedJaxpr) -> list[Any]:
-    undefined = tuple(ad.is_undefined_primal(x) for x in args)
-    if all(type(c) is ad.Zero for c in cts):
-        return [None] * len(args)
-    cts = [ad.instantiate_zeros(c) for c in cts]
-    defined = [x for x, u in zip(args, undefined, strict=True) if not u]
-    out = iter(_noinline_p.bind(*defined, *cts, jaxpr=_transpose_jaxpr(jaxpr, undefined)))
-    return [next(out) if u else None for u in undefined]
-
-
-@functools.lru_cache(maxsize=_CACHE_SIZE)
-def _transpose_jaxpr(jaxpr: ClosedJaxpr, undefined: tuple[bool, ...]) -> ClosedJaxpr:
-    """The jaxpr from the defined inputs and the output cotangents to the cotangents of the
-    undefined inputs, in which the jaxpr is linear."""
-    fun = jaxpr_as_fun(jaxpr)
-    linear_avals = [a for a, u in zip(jaxpr.in_avals, undefined, strict=True) if u]
-    fixed_avals = [a for a, u in zip(jaxpr.in_avals, undefined, strict=True) if not u]
-
-    def transposed(*args: Any) -> tuple[Any, ...]:
-        fixed, cts = args[: len(fixed_avals)], list(args[len(fixed_avals) :])
-
-        def linear(*linear_args: Any) -> list[Any]:
-            fixed_iter, linear_iter = iter(fixed), iter(linear_args)
-            full = [next(linear_iter) if u else next(fixed_iter) for u in undefined]
-            return fun(*full)
-
-        return jax.linear_transpose(linear, *linear_avals)(cts)
-
-    return jax.make_jaxpr(transposed)(*fixed_avals, *jaxpr.out_avals)
+    return rules.transpose(_bind_with(jaxpr), cts, list(args))
 
 
 def _batch(args: list[Any], dims: list[Any], *, jaxpr: ClosedJaxpr) -> tuple[list, list]:
-    # An input that is not mapped has the batch dimension None.
-    size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not None)
-    args = [x if d is None else jnp.moveaxis(x, d, 0) for x, d in zip(args, dims, strict=True)]
-    in_axes = tuple(None if d is None else 0 for d in dims)
-    outs = _noinline_p.bind(*args, jaxpr=_batched_jaxpr(jaxpr, in_axes, size))
-    return outs, [0] * len(outs)
-
-
-@functools.lru_cache(maxsize=_CACHE_SIZE)
-def _batched_jaxpr(jaxpr: ClosedJaxpr, in_axes: tuple[int | None, ...], size: int) -> ClosedJaxpr:
-    """The jaxpr mapped over a leading axis of size `size` of the inputs `in_axes` maps."""
-    batched = jax.vmap(jaxpr_as_fun(jaxpr), in_axes=in_axes, axis_size=size)
-    avals = [
-        a if axis is None else a.update(shape=(size, *a.shape))
-        for a, axis in zip(jaxpr.in_avals, in_axes, strict=True)
-    ]
-    return jax.make_jaxpr(batched)(*avals)
+    return rules.batch(_bind_with(jaxpr), args, dims)
 
 
 _noinline_p.def_impl(_impl)
@@ -369,5 +214,6 @@ mlir.register_lowering(_noinline_p, _lower)
 
 def forget_traces() -> None:
     """Forget the traced jaxprs and their executables (see `clear_caches`)."""
-    for cache in (_trace, _executable, _tangent_jaxpr, _transpose_jaxpr, _batched_jaxpr):
+    for cache in (trace, executable):
         cache.cache_clear()
+    rules.forget()
