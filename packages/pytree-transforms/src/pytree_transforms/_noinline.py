@@ -19,19 +19,15 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-import jax
 from jax.extend.core import ClosedJaxpr, Primitive
 from jax.interpreters import ad, batching, mlir
-
-from pytree_filter import is_array
 
 from . import _noinline_transforms as rules
 from ._errors import check_callable
 from ._method import BindsAsMethod, method_as_pytree, register_wrapper
 from ._noinline_swappable import Swappable
-from ._noinline_trace import Call, executable, trace, unhashable
+from ._noinline_trace import executable, rebuild_output, split_call, trace
 from ._noinline_transforms import transformed
-from ._static_key import KeyedStatics
 
 
 def noinline(
@@ -128,22 +124,10 @@ class _NoInline(BindsAsMethod):
         return hash((_NoInline, self._fun))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        tree = (self._fun, args, kwargs)
-        leaves, treedef = jax.tree.flatten(tree)
-        dynamic = tuple(i for i, leaf in enumerate(leaves) if is_array(leaf))
-        static = tuple(leaf for leaf in leaves if not is_array(leaf))
-        try:
-            statics = KeyedStatics(static)
-        except TypeError:
-            raise unhashable(tree, leaves) from None
-        arrays = [leaves[i] for i in dynamic]
-        avals = tuple(jax.typeof(x) for x in arrays)
-        traced = trace(Call(treedef, dynamic, statics, avals))
+        call, arrays = split_call((self._fun, args, kwargs))
+        traced = trace(call)
         outs = _noinline_p.bind(*arrays, jaxpr=traced.jaxpr) if traced.jaxpr.out_avals else []
-        full = list(traced.out_static)
-        for i, x in zip(traced.out_dynamic, outs, strict=True):
-            full[i] = x
-        return traced.out_def.unflatten(full)
+        return rebuild_output(traced, outs)
 
 
 # The primitive. Its only parameter is the jaxpr it runs; cached jaxprs make equal calls

@@ -25,9 +25,8 @@ from jax.interpreters import ad, batching, mlir
 from pytree_filter import combine, is_array, partition
 
 from . import _noinline_transforms as rules
-from ._noinline_trace import Call, Traced, executable, trace, unhashable
+from ._noinline_trace import Call, Traced, executable, rebuild_output, split_call, trace
 from ._noinline_transforms import transformed
-from ._static_key import KeyedStatics
 
 # The static parts of the functions, by number; a function keeps its number for the life of
 # the process, so a compiled caller can run it whenever it is given that number.
@@ -99,26 +98,14 @@ class Swappable:
         functools.update_wrapper(self, abstract_fn, updated=())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        tree = (self._dynamic, args, kwargs)
-        leaves, treedef = jax.tree.flatten(tree)
-        dynamic = tuple(i for i, leaf in enumerate(leaves) if is_array(leaf))
-        static = tuple(leaf for leaf in leaves if not is_array(leaf))
-        try:
-            statics = KeyedStatics(static)
-        except TypeError:
-            raise unhashable(tree, leaves) from None
-        arrays = [leaves[i] for i in dynamic]
-        call = Call(treedef, dynamic, statics, tuple(jax.typeof(x) for x in arrays))
+        call, arrays = split_call((self._dynamic, args, kwargs))
         abstract = trace(call, _Abstract(self._abstract_fn))
         outs = []
         if abstract.jaxpr.out_avals:
             outs = _dispatch_p.bind(
                 self._number, *arrays, call=call, abstract=abstract, transforms=()
             )
-        full = list(abstract.out_static)
-        for i, x in zip(abstract.out_dynamic, outs, strict=True):
-            full[i] = x
-        return abstract.out_def.unflatten(full)
+        return rebuild_output(abstract, outs)
 
 
 def _flatten(wrapper: Swappable) -> tuple[tuple[Any, ...], Any]:

@@ -32,6 +32,27 @@ def unhashable(tree: tuple[Any, ...], leaves: list[Any]) -> TypeError:
     return TypeError("noinline: an argument is not hashable.")
 
 
+def split_call(tree: tuple[Any, Any, Any]) -> tuple["Call", list[Any]]:
+    """The `Call` for `(fn, args, kwargs)` and its array leaves, the inputs of the call."""
+    leaves, treedef = jax.tree.flatten(tree)
+    dynamic = tuple(i for i, leaf in enumerate(leaves) if is_array(leaf))
+    static = tuple(leaf for leaf in leaves if not is_array(leaf))
+    try:
+        statics = KeyedStatics(static)
+    except TypeError:
+        raise unhashable(tree, leaves) from None
+    arrays = [leaves[i] for i in dynamic]
+    return Call(treedef, dynamic, statics, tuple(jax.typeof(x) for x in arrays)), arrays
+
+
+def rebuild_output(traced: "Traced", outs: list[Any]) -> Any:
+    """The function's output: the call's array outputs `outs`, its other leaves as traced."""
+    full = list(traced.out_static)
+    for i, x in zip(traced.out_dynamic, outs, strict=True):
+        full[i] = x
+    return traced.out_def.unflatten(full)
+
+
 class Call:
     """What a call traces `fn` for: the static leaves and the input shapes and dtypes."""
 
