@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pytree_transforms import (
+    AbstractProgressMeter,
     NoProgressMeter,
     TextProgressMeter,
     TqdmProgressMeter,
@@ -357,14 +358,18 @@ def test_text_progress_meter_from_inside_the_compiled_loop(kind, capsys):
     meter = TextProgressMeter(minimum_increase=0.25)
     run = jax.jit(lambda a: power(a, kind, steps=8, progress_meter=meter)[1])
     run(1.1).block_until_ready()
-    # 8 steps of max_steps=10: reports at 30%, 60% (>= 25% on), and the end (80%).
-    assert printed_percentages(capsys.readouterr().out) == [30.0, 60.0, 80.0]
+    jax.effects_barrier()
+    # 8 steps of max_steps=10: the start, 30% and 60% (more than 25% on), and the loop's end.
+    expected = [0.0, 30.0, 60.0, 100.0]
+    assert printed_percentages(capsys.readouterr().out) == expected
     run(1.1).block_until_ready()  # each run starts afresh
-    assert printed_percentages(capsys.readouterr().out) == [30.0, 60.0, 80.0]
+    jax.effects_barrier()
+    assert printed_percentages(capsys.readouterr().out) == expected
     if kind != "lax":
         # Reverse mode: the forward pass reports once; recomputed steps report nothing.
         jax.block_until_ready(jax.jit(jax.grad(run))(1.1))
-        assert printed_percentages(capsys.readouterr().out) == [30.0, 60.0, 80.0]
+        jax.effects_barrier()
+        assert printed_percentages(capsys.readouterr().out) == expected
 
 
 def test_text_progress_meter_with_a_fraction_of_the_carry(capsys):
@@ -376,11 +381,13 @@ def test_text_progress_meter_with_a_fraction_of_the_carry(capsys):
         progress_meter=meter,
     )
     assert float(out[0]) == 1.0
-    assert printed_percentages(capsys.readouterr().out) == [37.5, 75.0, 100.0]
+    jax.effects_barrier()
+    # 100% is reached by the last step: `close` does not print it again.
+    assert printed_percentages(capsys.readouterr().out) == [0.0, 37.5, 75.0, 100.0]
 
 
 def test_text_progress_meter_under_vmap_shows_the_furthest(capsys):
-    meter = TextProgressMeter(0.5, fraction=lambda c: c[0] / c[1])
+    meter = TextProgressMeter(0.3, fraction=lambda c: c[0] / c[1])
 
     def run(limit):
         return while_loop(
@@ -391,13 +398,16 @@ def test_text_progress_meter_under_vmap_shows_the_furthest(capsys):
         )[0]
 
     jax.block_until_ready(jax.vmap(run)(jnp.array([2.0, 4.0])))
-    shown = printed_percentages(capsys.readouterr().out)
-    assert shown == sorted(shown) and shown[-1] == 100.0
+    jax.effects_barrier()
+    # One line per report for the whole batch, with the furthest element's progress: after
+    # one step the elements are at 50% and 25%, after two at 100% and 50%.
+    assert printed_percentages(capsys.readouterr().out) == [0.0, 50.0, 100.0]
 
 
 def test_no_progress_meter(capsys):
     out = power(1.0, "lax", progress_meter=NoProgressMeter())
     close(out, power(1.0, "lax"))
+    jax.effects_barrier()
     assert capsys.readouterr().out == ""
     assert repr(NoProgressMeter()) == "NoProgressMeter()"
 
@@ -407,9 +417,12 @@ def test_tqdm_progress_meter(capfd):
     meter = TqdmProgressMeter(refresh_steps=3)
     out = jax.jit(lambda a: power(a, "checkpointed", steps=8, progress_meter=meter)[1])(1.1)
     jax.block_until_ready(out)
-    err = capfd.readouterr().err
-    assert "80.00%" in err
-    assert meter._bars == {}  # the bar was closed
+    jax.effects_barrier()
+    frames = capfd.readouterr().err.split("\r")
+    # Refreshed after steps 3 and 6 (30%, 60%), then closed at 100% when the loop ended.
+    shown = [frame.split("%")[0] for frame in frames if "%" in frame]
+    assert shown[0] == "0.00" and "30.00" in shown and "60.00" in shown
+    assert shown[-1] == "100.00" and "80.00" not in shown
 
 
 def test_tqdm_progress_meter_without_tqdm(monkeypatch):
@@ -435,8 +448,10 @@ def test_bad_meter_arguments(make, error, message):
 
 
 def test_progress_meter_errors():
-    with pytest.raises(TypeError, match="`progress_meter` must be a TextProgressMeter"):
+    with pytest.raises(TypeError, match=r"`progress_meter` must be an AbstractProgressMeter.*str"):
         power(1.0, "lax", progress_meter="text")
+    with pytest.raises(TypeError, match=r"must be an AbstractProgressMeter.*TextProgressMeter\(\)"):
+        power(1.0, "lax", progress_meter=TextProgressMeter)  # the class, not an instance
     with pytest.raises(ValueError, match=r"`max_steps` is None.*fraction"):
         while_loop(
             lambda i: i < 3, lambda i: i + 1, jnp.int32(0), progress_meter=TextProgressMeter()
@@ -448,3 +463,54 @@ def test_progress_meter_errors():
             (jnp.int32(0), jnp.ones(2)),
             progress_meter=TextProgressMeter(fraction=lambda c: c[1]),
         )
+
+
+class StepLog(AbstractProgressMeter):
+    """A meter of one's own: counts the steps and logs each progress it is given."""
+
+    def init(self):
+        jax.debug.callback(lambda: print("start"))
+        return jnp.int32(0)
+
+    def step(self, state, progress):
+        jax.debug.callback(lambda p: print(f"step {float(p):.2f}"), progress)
+        return state + 1
+
+    def close(self, state):
+        jax.debug.callback(lambda n: print(f"end after {int(n)}"), state)
+
+
+@pytest.mark.parametrize("kind", ["lax", "checkpointed", "bounded"])
+def test_a_meter_of_ones_own_drives_the_loop(kind, capsys):
+    out = while_loop(
+        lambda i: i < 3,
+        lambda i: i + 1,
+        jnp.int32(0),
+        max_steps=4,
+        kind=kind,
+        progress_meter=StepLog(),
+    )
+    assert int(out) == 3
+    jax.effects_barrier()
+    lines = capsys.readouterr().out.split("\n")
+    assert lines == ["start", "step 0.25", "step 0.50", "step 0.75", "end after 3", ""]
+
+
+def test_a_meter_of_ones_own_needs_max_steps_or_a_fraction():
+    with pytest.raises(ValueError, match=r"`max_steps` is None"):
+        while_loop(lambda i: i < 3, lambda i: i + 1, jnp.int32(0), progress_meter=StepLog())
+
+    class Bad(StepLog):
+        fraction = 0.5
+
+    with pytest.raises(TypeError, match=r"`fraction` must be a function.*Bad.fraction is float"):
+        while_loop(lambda i: i < 3, lambda i: i + 1, jnp.int32(0), progress_meter=Bad())
+
+
+def test_abstract_progress_meter_needs_its_three_methods():
+    class OnlyInit(AbstractProgressMeter):
+        def init(self):
+            return None
+
+    with pytest.raises(TypeError, match="abstract"):
+        OnlyInit()

@@ -26,6 +26,7 @@ from ._noinline import noinline as noinline
 from ._nondifferentiable import nondifferentiable as nondifferentiable
 from ._nondifferentiable import nondifferentiable_backward as nondifferentiable_backward
 from ._pmap import filter_pmap as filter_pmap
+from ._progress import AbstractProgressMeter as AbstractProgressMeter
 from ._progress import NoProgressMeter as NoProgressMeter
 from ._progress import TextProgressMeter as TextProgressMeter
 from ._progress import TqdmProgressMeter as TqdmProgressMeter

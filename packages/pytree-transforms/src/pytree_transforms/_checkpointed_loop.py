@@ -210,7 +210,7 @@ def checkpointed_loop(
     `max_steps`. Only `state` is checkpointed; `buffers` are written in place by `step`, each
     location at most once, and read only where written. `step` and `cond` may close over
     arrays: those get gradients (`step`'s) or none (`cond`'s). `progress`, if given, has
-    `start()`, `update(i, state, buffers, extra)` and `finish(i, state, buffers)`, called
+    `start()`, `update(i, state, buffers, extra)` and `finish(extra)`, called
     by the loop itself only, never by the recomputations of the backward pass.
 
     Returns the final `(state, buffers)`.
@@ -278,7 +278,7 @@ def checkpointed_loop(
             carry += (empty_stack(state, checkpoints), start_placement())
         count, state, buffers, extra, *saved = lax.while_loop(keep_going, advance, carry)
         if progress is not None:
-            progress.finish(count, state, buffers)
+            progress.finish(extra)
         if saving:
             saved = sort_stack(saved[0], count)
         return count, state, buffers, *saved

@@ -15,7 +15,7 @@ from pytree_filter import is_array, path_text
 
 from ._checkpointed_loop import checkpointed_loop
 from ._errors import check_callable
-from ._progress import check_progress_meter
+from ._progress import LoopMonitor, check_progress_meter
 from ._sharing import Sharing, find_sharing, has_repeats
 
 KINDS = ("lax", "checkpointed", "bounded")
@@ -348,11 +348,13 @@ def while_loop(
         base: for `"bounded"`, the number of steps per level of nested scans (an int >= 2;
             other kinds ignore it, as Equinox's). A larger base compiles faster (fewer
             levels, `ceil(log(max_steps, base))`) and runs a little slower.
-        progress_meter: a `TextProgressMeter` or `TqdmProgressMeter` reporting how far the
-            loop has got, from inside the compiled loop (a host callback, made only when
-            progress increased by the meter's threshold); `None` (the default) or
-            `NoProgressMeter()` for none. The progress is `steps / max_steps` unless the
-            meter has a `fraction` function of the carry.
+        progress_meter: an `AbstractProgressMeter` (`TextProgressMeter`,
+            `TqdmProgressMeter`, or one of your own) reporting how far the loop has got,
+            from inside the compiled loop: `init()` before the loop, `step(state, progress)`
+            after each step and `close(state)` after the loop, its state carried by the
+            loop. The progress is `steps / max_steps` unless the meter has a `fraction`
+            function of the carry. `None` (the default) or `NoProgressMeter()` for none.
+            The backward pass of `"checkpointed"` reports nothing.
 
     Returns:
         The final carry.
@@ -394,7 +396,7 @@ def while_loop(
     if max_steps == 0:
         return carry.rebuild(carry.arrays)
 
-    progress = None if meter is None else meter.monitor(carry.rebuild, max_steps)
+    progress = None if meter is None else LoopMonitor(meter, carry.rebuild, max_steps)
 
     def loop() -> list[Any]:
         if kind == "lax":
@@ -428,9 +430,9 @@ def _lax_loop(
 
     extra = None if progress is None else progress.start()
     carry = (jnp.int32(0), arrays, extra)
-    i, arrays, _ = lax.while_loop(counted_cond, _counted(body, progress), carry)
+    _, arrays, extra = lax.while_loop(counted_cond, _counted(body, progress), carry)
     if progress is not None:
-        progress.finish(i, arrays)
+        progress.finish(extra)
     return arrays
 
 
@@ -482,9 +484,9 @@ def bounded_loop(
     # The outer level has just enough blocks of base**depth steps to cover max_steps.
     outer = level(depth, -(-max_steps // base**depth)) if depth else level(0, max_steps)
     extra = None if progress is None else progress.start()
-    i, arrays, _ = outer((jnp.int32(0), arrays, extra))
+    _, arrays, extra = outer((jnp.int32(0), arrays, extra))
     if progress is not None:
-        progress.finish(i, arrays)
+        progress.finish(extra)
     return arrays
 
 
@@ -544,5 +546,5 @@ class _SplitProgress:
     def update(self, i: Any, state: list[Any], buffers: list[Any], extra: Any) -> Any:
         return self.progress.update(i, self.merge(state, buffers), extra)
 
-    def finish(self, i: Any, state: list[Any], buffers: list[Any]) -> None:
-        self.progress.finish(i, self.merge(state, buffers))
+    def finish(self, extra: Any) -> None:
+        self.progress.finish(extra)
