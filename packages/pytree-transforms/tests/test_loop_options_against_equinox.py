@@ -125,3 +125,50 @@ def test_forward_mode_like_equinox_bounded_loop():
     close(jax.jvp(lambda a: run(while_loop, "checkpointed", a), (1.3,), (1.0,)), expected)
     with pytest.raises(TypeError, match="custom_vjp"):
         jax.jvp(lambda a: run(eqxi.while_loop, "checkpointed", a), (1.3,), (1.0,))
+
+
+def run_progress(meter, x, steps):
+    """A scan of `steps` steps reporting `(i + 1) / steps`, batched along `x` under vmap."""
+
+    def body(carry, i):
+        x, state = carry
+        return (x, meter.step(state, (i + 1) / steps + 0.0 * x)), None
+
+    (x, state), _ = lax.scan(body, (x, meter.init()), jnp.arange(steps))
+    meter.close(state)
+    return x
+
+
+@pytest.mark.parametrize("minimum_increase, steps", [(0.0999, 10), (0.25, 8), (0.02, 7)])
+@pytest.mark.parametrize("transform", ["eager", "jit", "jit_vmap"])
+def test_text_progress_meter_prints_as_equinox(minimum_increase, steps, transform, capfd):
+    from pytree_transforms import TextProgressMeter
+
+    def printed(meter):
+        run = lambda x: run_progress(meter, x, steps)  # noqa: E731
+        if transform == "jit":
+            run = jax.jit(run)
+        elif transform == "jit_vmap":
+            run = jax.jit(jax.vmap(run))
+        run(jnp.arange(3.0) if transform == "jit_vmap" else 0.0)
+        jax.effects_barrier()
+        return capfd.readouterr().out
+
+    ours = printed(TextProgressMeter(minimum_increase=minimum_increase))
+    theirs = printed(eqxi.TextProgressMeter(minimum_increase=minimum_increase))
+    assert ours == theirs and ours.startswith("0.00%\n") and ours.endswith("100.00%\n")
+
+
+def test_text_progress_meter_under_grad_as_equinox(capfd):
+    from pytree_transforms import TextProgressMeter
+
+    def printed(meter):
+        def f(p):
+            run_progress(meter, 0.0, 10)
+            return p * p
+
+        grad = jax.grad(f)(1.0)
+        jax.effects_barrier()
+        return float(grad), capfd.readouterr().out
+
+    assert printed(TextProgressMeter(0.0999)) == printed(eqxi.TextProgressMeter(0.0999))

@@ -64,9 +64,7 @@ class _Displays:
             return np.asarray(key, np.int32)
 
         shape = jax.ShapeDtypeStruct(jnp.shape(key), jnp.int32)
-        return jax.pure_callback(
-            host_update, shape, key, progress, vmap_method="broadcast_all"
-        )
+        return jax.pure_callback(host_update, shape, key, progress, vmap_method="broadcast_all")
 
     def close(self, finish: Callable[[Any], None], key: Any) -> None:
         def host_close(key: Any) -> None:
@@ -129,8 +127,7 @@ class AbstractProgressMeter(abc.ABC):
         ...     def close(self, state):
         ...         jax.debug.callback(lambda n: print(f"{n} steps"), state)
         >>> out = while_loop(lambda i: i < 5, lambda i: i + 1, jnp.int32(0),
-        ...                  max_steps=10, progress_meter=StepCounter())
-        >>> jax.effects_barrier()
+        ...                  max_steps=10, progress_meter=StepCounter()); jax.effects_barrier()
         5 steps
     """
 
@@ -240,9 +237,9 @@ class TextProgressMeter(AbstractProgressMeter):
     Example:
         >>> import jax, jax.numpy as jnp
         >>> from pytree_transforms import TextProgressMeter, while_loop
+        >>> meter = TextProgressMeter(minimum_increase=0.4)
         >>> out = while_loop(lambda i: i < 4, lambda i: i + 1, jnp.int32(0), max_steps=4,
-        ...                  progress_meter=TextProgressMeter(minimum_increase=0.4))
-        >>> jax.effects_barrier()
+        ...                  progress_meter=meter); jax.effects_barrier()
         0.00%
         50.00%
         100.00%
@@ -270,7 +267,7 @@ class TextProgressMeter(AbstractProgressMeter):
         return jnp.float32(0.0), _displays.open(_text_open)
 
     def step(self, state: tuple[Any, Any], progress: Any) -> tuple[Any, Any]:
-        last, key = _batch_max(state[0]), _batch_max(state[1])
+        last, key = _progress_value(state[0]), _batch_max(state[1])
         progress = _progress_value(progress)
         due = (progress > last) & ((progress - last > self.minimum_increase) | (progress >= 1))
 
