@@ -29,6 +29,9 @@ from ._dropout import Dropout as Dropout
 from ._embedding import Embedding as Embedding
 from ._linear import MLP as MLP
 from ._linear import Linear as Linear
+from ._lora import LoRA as LoRA
+from ._lora import LoRALinear as LoRALinear
+from ._lora import LoRAParam as LoRAParam
 from ._module import Module as Module
 from ._normalization import BatchNorm as BatchNorm
 from ._normalization import GroupNorm as GroupNorm
