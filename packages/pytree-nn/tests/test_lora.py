@@ -22,7 +22,7 @@ from pytree_nn import (
     load_checkpoint,
     save_checkpoint,
 )
-from pytree_transforms import apply_updates, filter_jit, filter_value_and_grad
+from pytree_transforms import apply_updates, filter_grad, filter_jit, filter_value_and_grad
 
 BASE_ONLY = All(Param, Not(LoRAParam))
 
@@ -159,10 +159,10 @@ def test_initializers_param_type_and_metadata_are_used():
 
 
 def test_linear_arguments_pass_through():
+    ones = initializers.ones
     layer = LoRALinear(
-        4, 3, lora_rank=2, use_bias=False, kernel_init=initializers.ones, param_dtype=jnp.bfloat16,
-        rngs=0,
-    )  # fmt: skip
+        4, 3, lora_rank=2, use_bias=False, kernel_init=ones, param_dtype=jnp.bfloat16, rngs=0
+    )
     assert isinstance(layer, Linear)
     assert layer.bias is None and layer.kernel.value.dtype == jnp.bfloat16
     assert np.array_equal(layer.kernel.value, np.ones((4, 3)))
@@ -362,7 +362,7 @@ def test_a_tied_model_stays_tied_in_the_functional_style():
 
     @filter_jit
     def step(model, opt_state):
-        loss, grads = filter_value_and_grad(loss_fn, arg=adapters)(model, x, y)
+        grads = filter_grad(loss_fn, arg=adapters)(model, x, y)
         updates, opt_state = tx.update(grads, opt_state, filter(model, adapters))
         return apply_updates(model, updates), opt_state
 
@@ -386,6 +386,19 @@ def test_checkpoint_round_trip_keeps_the_adapters(tmp_path):
     assert isinstance(fresh.adapted.lora_a, LoRAParam)
     for name, value in arrays(model).items():
         assert np.array_equal(arrays(fresh)[name], value), name
+
+
+def test_the_adapters_alone_save_and_load(tmp_path):
+    model = set_weights(Tied(Rngs(0)))
+    save_checkpoint(tmp_path / "adapters.ckpt", pg.state(model, LoRAParam))
+    fresh = set_weights(Tied(Rngs(0)), seed=50)
+    base = values(fresh, BASE_ONLY)
+    load_checkpoint(tmp_path / "adapters.ckpt", fresh, LoRAParam)
+    assert_same = np.testing.assert_array_equal
+    for path, value in values(model, LoRAParam).items():
+        assert_same(values(fresh, LoRAParam)[path], value)
+    for path, value in values(fresh, BASE_ONLY).items():
+        assert_same(value, base[path])
 
 
 # ---------------------------------------------------------------------------- errors

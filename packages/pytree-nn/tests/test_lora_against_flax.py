@@ -118,7 +118,10 @@ def test_the_optimizer_trains_the_same_part(part):
     if part == "adapters":
         our_wrt, their_wrt = pnn.LoRAParam, nnx.LoRAParam
     else:
-        our_wrt, their_wrt = All(Param, Not(pnn.LoRAParam)), nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
+        our_wrt, their_wrt = (
+            All(Param, Not(pnn.LoRAParam)),
+            nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam)),
+        )
     x = jax.random.normal(jax.random.key(5), (16, 6))
     y = jax.random.normal(jax.random.key(6), (16, 4))
 
