@@ -10,7 +10,7 @@ from jax.sharding import Mesh, PartitionSpec
 from pytree_filter import to_predicate
 
 from ._traverse import iter_graph
-from ._variables import Variable, VariableMetadata, _guard
+from ._variables import Variable, VariableMetadata, _guard, canonical_metadata
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -148,6 +148,7 @@ def set_metadata(node: Any, /, *, only: Any = Variable, **metadata: Any) -> None
             "set_metadata needs the entries to set: set_metadata(node, name=value, ...)."
         )
     _check_metadata("set_metadata", metadata)
+    metadata = canonical_metadata("set_metadata", metadata)  # NNX's `out_sharding` too
     selects = to_predicate(only)
     chosen = [
         value

@@ -54,6 +54,34 @@ class _Kind:
 _kinds: dict[tuple[type, Any], _Kind] = {}
 _MISSING: Any = object()
 
+# Flax NNX 0.12 keeps a Variable's mesh axes under `out_sharding`; here they are `sharding`
+# (what `get_partition_spec`, `with_partitioning` and the layers' `*_sharding=` use). The
+# NNX name is read and written as another name for the same entry, so code written for
+# either library finds the axes and no Variable ever holds both.
+_SHARDING_ALIAS = "out_sharding"
+
+
+def _entry_name(name: Any) -> Any:
+    """The name a metadata entry is kept under (`out_sharding` is kept as `sharding`)."""
+    return "sharding" if name == _SHARDING_ALIAS else name
+
+
+def canonical_metadata(owner: str, metadata: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`metadata` with an `out_sharding` entry renamed `sharding`; both given, with
+    different values, is an error."""
+    if _SHARDING_ALIAS not in metadata:
+        return metadata
+    axes = metadata[_SHARDING_ALIAS]
+    if "sharding" in metadata and static_key(metadata["sharding"]) != static_key(axes):
+        raise ValueError(
+            f"{owner} got sharding={metadata['sharding']!r} and out_sharding={axes!r}: two "
+            "names (out_sharding is Flax NNX's) for the one entry kept as `sharding`. Give "
+            "one of them."
+        )
+    renamed = {name: value for name, value in metadata.items() if name != _SHARDING_ALIAS}
+    renamed["sharding"] = axes
+    return renamed
+
 
 def _kind(cls: type, metadata: Mapping[str, Any]) -> _Kind:
     items = tuple(sorted(metadata.items()))
@@ -151,6 +179,11 @@ class Variable:
     `with_metadata` and `with_partitioning` initializers return) is unpacked, its metadata
     added to the keywords.
 
+    `out_sharding`, Flax NNX 0.12's name for the mesh axes, is another name for the
+    `sharding` entry: `Param(x, out_sharding=axes)`, `set_metadata(out_sharding=axes)` and
+    `with_metadata(init, out_sharding=axes)` store `sharding`, and `w.out_sharding` and
+    `get_metadata("out_sharding")` read it.
+
     Subclass it to make your own kinds of state: `class Count(Variable): pass`. A subclass
     may override `get_value` and `set_value` (calling `super()`) to change every read and
     write: `.value`, `v[...]`, operators and in-place operators go through them. The
@@ -168,6 +201,8 @@ class Variable:
         >>> w = Param(jnp.ones((2, 3)), sharding=(None, "model"))
         >>> (jnp.ones(2) @ w).shape, w.sharding
         ((3,), (None, 'model'))
+        >>> w.out_sharding  # Flax NNX's name for the same entry
+        (None, 'model')
         >>> w.value = w.value * 2
         >>> w[0, 0]
         Array(2., dtype=float32)
@@ -185,6 +220,8 @@ class Variable:
     __class_getitem__ = classmethod(GenericAlias)
 
     def __init__(self, value: Any, **metadata: Any):
+        if _SHARDING_ALIAS in metadata:
+            metadata = canonical_metadata(f"{type(self).__name__}(...)", metadata)
         if type(value) is VariableMetadata:
             value, metadata = value.value, _merged(type(self).__name__, value.metadata, metadata)
         if isinstance(value, Variable):
@@ -291,6 +328,7 @@ class Variable:
             ({'sharding': ('data',)}, ('data',), None)
         """
         metadata = self._pg_flat[1].metadata
+        name = _entry_name(name)
         if name is None:
             if default is not _MISSING:
                 raise TypeError(
@@ -344,9 +382,9 @@ class Variable:
                     f"replaces all metadata, but got {_a(args[0])}. To set one entry, use "
                     "`set_metadata(name, value)` or `set_metadata(name=value)`."
                 )
-            new = dict(args[0])
+            new = dict(canonical_metadata("set_metadata", args[0]))
         elif len(args) == 2:
-            new = {**current, args[0]: args[1]}
+            new = {**current, _entry_name(args[0]): args[1]}
         elif args or not metadata:
             raise TypeError(
                 f"set_metadata got {len(args)} positional arguments and no keywords: use "
@@ -354,7 +392,7 @@ class Variable:
                 "`set_metadata(mapping)`."
             )
         else:
-            new = {**current, **metadata}
+            new = {**current, **canonical_metadata("set_metadata", metadata)}
         for name in new:
             if not isinstance(name, str) or name.startswith("_") or name == "value":
                 raise ValueError(
@@ -394,6 +432,7 @@ class Variable:
             )
         # Not through the constructor: a `mesh` in the metadata lays a value out when the
         # Variable is made, not again for each copy (`get_partition_spec` puts specs here).
+        metadata = canonical_metadata(f"{type(self).__name__}.replace", metadata)
         return _kind(type(self), {**self.metadata, **metadata})((value,))
 
     def copy(self) -> "Variable":
@@ -409,6 +448,14 @@ class Variable:
         metadata = self._pg_flat[1].metadata
         if name in metadata:
             return metadata[name]
+        if name == _SHARDING_ALIAS:
+            # Not the value's own `.sharding` (a jax.Array has one): the metadata only.
+            if "sharding" in metadata:
+                return metadata["sharding"]
+            raise AttributeError(
+                f"{type(self).__name__} has no `sharding` metadata (`out_sharding` is Flax "
+                f"NNX's name for it). Metadata: {sorted(metadata) or 'none'}."
+            )
         try:
             return getattr(self._pg_flat[0][0], name)
         except AttributeError:
@@ -427,9 +474,11 @@ class Variable:
                 "are reserved. Metadata names must not start with an underscore."
             )
         else:
+            name = _entry_name(name)
             self._change_metadata({**self.metadata, name: value}, f"set the metadata {name!r}")
 
     def __delattr__(self, name: str) -> None:
+        name = _entry_name(name)
         kind = self._pg_flat[1]
         if name not in kind.metadata:
             raise AttributeError(f"{type(self).__name__} has no metadata {name!r} to delete.")
@@ -562,7 +611,7 @@ class VariableMetadata:
                 "Variable will be made from. Pass the value itself."
             )
         self.value = value
-        self.metadata = MappingProxyType(metadata)
+        self.metadata = MappingProxyType(dict(canonical_metadata("VariableMetadata", metadata)))
 
     def __repr__(self) -> str:
         shown = "".join(f", {name}={v!r}" for name, v in self.metadata.items())

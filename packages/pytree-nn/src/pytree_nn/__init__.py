@@ -35,6 +35,7 @@ from ._lora import LoRAParam as LoRAParam
 from ._module import Module as Module
 from ._normalization import BatchNorm as BatchNorm
 from ._normalization import GroupNorm as GroupNorm
+from ._normalization import InstanceNorm as InstanceNorm
 from ._normalization import LayerNorm as LayerNorm
 from ._normalization import RMSNorm as RMSNorm
 from ._optimizer import Optimizer as Optimizer
@@ -46,6 +47,8 @@ from ._recurrent import RNN as RNN
 from ._recurrent import Bidirectional as Bidirectional
 from ._recurrent import GRUCell as GRUCell
 from ._recurrent import LSTMCell as LSTMCell
+from ._recurrent import OptimizedLSTMCell as OptimizedLSTMCell
+from ._recurrent import SimpleCell as SimpleCell
 from ._rng_tools import SplitBackups as SplitBackups
 from ._rng_tools import fork_rngs as fork_rngs
 from ._rng_tools import reseed as reseed

@@ -1,5 +1,6 @@
 """Activation layers with parameters: `PReLU`."""
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -7,7 +8,7 @@ import jax.numpy as jnp
 
 from pytree_graph import Param
 
-from ._checks import check_features, check_input
+from ._checks import check_features, check_input, check_metadata
 from ._dtypes import promote_dtype, with_rank
 from ._module import Module
 
@@ -23,11 +24,15 @@ class PReLU(Module):
     Arguments:
         init_alpha: the initial slope: a number, or (without `num_parameters`) an array
             whose shape broadcasts to the inputs' shape, e.g. `(channels,)`. Named as in
-            Equinox's `PReLU(init_alpha=0.25)`.
+            Equinox's `PReLU(init_alpha=0.25)`; None (the default) means 0.25.
         num_parameters: None (the slope has the shape of `init_alpha`), or the number of
             channels, for one slope per channel, each starting at `init_alpha`.
+        negative_slope_init: Flax NNX's name for `init_alpha` (`PReLU(negative_slope_init=0.01)`);
+            give one of the two. Its default here is `init_alpha`'s, 0.25 (NNX's is 0.01).
         dtype: the dtype to compute in (None: promote the input's and the slope's).
         param_dtype: the dtype of the slope.
+        negative_slope_metadata: more metadata for the slope's Param, a mapping of names
+            to hashable values (see `Linear`'s `kernel_metadata`).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -37,16 +42,28 @@ class PReLU(Module):
         >>> layer = PReLU(0.1, num_parameters=2)
         >>> layer.negative_slope.value.shape, layer(-jnp.ones((5, 2))).shape
         ((2,), (5, 2))
+        >>> float(PReLU(negative_slope_init=0.01).negative_slope.value)  # NNX's spelling
+        0.009999999776482582
     """
 
     def __init__(
         self,
-        init_alpha: Any = 0.25,
+        init_alpha: Any = None,
         num_parameters: int | None = None,
         *,
+        negative_slope_init: Any = None,
         dtype: Any = None,
         param_dtype: Any = jnp.float32,
+        negative_slope_metadata: Mapping[str, Any] | None = None,
     ):
+        if init_alpha is not None and negative_slope_init is not None:
+            raise TypeError(
+                f"PReLU got init_alpha={init_alpha!r:.40} and negative_slope_init="
+                f"{negative_slope_init!r:.40}: two names (negative_slope_init is Flax NNX's) "
+                "for the initial slope. Give one of them."
+            )
+        if init_alpha is None:
+            init_alpha = 0.25 if negative_slope_init is None else negative_slope_init
         init_dtype = getattr(init_alpha, "dtype", None)
         if not (
             (isinstance(init_alpha, int | float) and not isinstance(init_alpha, bool))
@@ -68,7 +85,18 @@ class PReLU(Module):
                     f"{jnp.shape(init_alpha)}. Pass the array without num_parameters."
                 )
             slope = jnp.full((num_parameters,), init_alpha, param_dtype)
-        self.negative_slope = Param(slope)
+        # The slope has no sharding argument: a `sharding` entry is the only way to give one.
+        sharding, metadata = check_metadata(
+            "PReLU",
+            "negative_slope_metadata",
+            negative_slope_metadata,
+            "sharding",
+            None,
+            slope.ndim,
+        )
+        if sharding is not None:
+            metadata["sharding"] = sharding
+        self.negative_slope = Param(slope, **metadata)
         self.num_parameters = num_parameters
         self.dtype = dtype
         self.param_dtype = param_dtype

@@ -1,6 +1,7 @@
 """Argument and input checks shared by the layers, with messages that name the argument."""
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -130,3 +131,50 @@ def check_graph(function: str, argument: str, value: Any, expected: str) -> None
             f"{type(value).__name__}), a single value. Pass the model (or state) that "
             "holds it."
         )
+
+
+def check_metadata(
+    layer: str, name: str, metadata: Any, sharding_name: str, sharding: Any, ndim: int
+) -> tuple[tuple[Any, ...] | None, dict[str, Any]]:
+    """A parameter's `*_metadata=` mapping and `*_sharding=` argument, checked together:
+    the sharding (given either way, checked as `check_sharding` does) and the other
+    entries. The metadata must be a mapping of hashable values under names that are
+    strings, not starting with `_`, not `value`; its `sharding` (or Flax NNX's name,
+    `out_sharding`) entry is the parameter's sharding, so it must not also be given as
+    `sharding_name`. Checked before the layer draws a key."""
+    if metadata is None:
+        return check_sharding(layer, sharding_name, sharding, ndim), {}
+    if not isinstance(metadata, Mapping):
+        raise TypeError(
+            f"{layer}: {name} must be a mapping of metadata names to values, e.g. "
+            f"{{'tag': 'attention'}}, stored on the parameter; got {type(metadata).__name__} "
+            f"{metadata!r:.60}."
+        )
+    extra: dict[str, Any] = {}
+    given = {} if sharding is None else {sharding_name: sharding}
+    for key, value in metadata.items():
+        if not isinstance(key, str) or key.startswith("_") or key == "value":
+            raise ValueError(
+                f"{layer}: {name} has the key {key!r}; metadata names must be strings, must "
+                "not start with `_`, and `value` is the parameter's value."
+            )
+        try:
+            hash(value)
+        except TypeError:
+            raise TypeError(
+                f"{layer}: {name}[{key!r}] must be hashable (metadata is part of the pytree "
+                f"structure), got a {type(value).__name__}; use a tuple instead of a list, "
+                "or a frozen value."
+            ) from None
+        if key in ("sharding", "out_sharding"):
+            given[f"{name}[{key!r}]"] = value
+        else:
+            extra[key] = value
+    if len(given) > 1:
+        raise ValueError(
+            f"{layer}: the sharding is given more than once ({', '.join(given)}); give it "
+            f"one way, as {sharding_name}= or as {name}'s 'sharding' (NNX: 'out_sharding') "
+            "entry."
+        )
+    ((source, axes),) = given.items() if given else ((sharding_name, None),)
+    return check_sharding(layer, source, axes, ndim), extra

@@ -1,7 +1,7 @@
 """Convolutions: `Conv` and `ConvTranspose`, channels-last, over 1, 2 or 3 spatial dims."""
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -242,6 +242,8 @@ class Conv(Module):
         kernel_sharding: how to split the kernel over a device mesh, one entry per
             dimension (a mesh axis name, a tuple of names or None), as for `Linear`.
         bias_sharding: the same for the bias.
+        kernel_metadata: more metadata for the kernel's Param (see `Linear`).
+        bias_metadata: the same for the bias.
         rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
 
     Examples:
@@ -274,6 +276,8 @@ class Conv(Module):
         bias_init: initializers.Initializer = initializers.zeros,
         kernel_sharding: Any = None,
         bias_sharding: Any = None,
+        kernel_metadata: Mapping[str, Any] | None = None,
+        bias_metadata: Mapping[str, Any] | None = None,
         rngs: Any = None,
     ):
         # Zero features are allowed, as in Linear.
@@ -312,6 +316,8 @@ class Conv(Module):
             rngs,
             kernel_sharding,
             bias_sharding,
+            kernel_metadata,
+            bias_metadata,
         )
         self.in_features = in_features
         self.out_features = out_features
@@ -327,8 +333,20 @@ class Conv(Module):
         self.param_dtype = param_dtype
         self.precision = precision
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """Convolve `x`, of shape `(*batch, *spatial, in_features)`."""
+    def __call__(self, x: jax.Array, out_sharding: Any = None) -> jax.Array:
+        """Convolve `x`, of shape `(*batch, *spatial, in_features)`.
+
+        Arguments:
+            x: the input.
+            out_sharding: None, or the sharding of the output (a `PartitionSpec` or a
+                `NamedSharding`, one entry per output dimension), under a mesh with
+                explicit axes (`jax.sharding.AxisType.Explicit`), as in Flax NNX: given to
+                `jax.lax.conv_general_dilated` for inputs with one batch dimension, else
+                applied to the output with `jax.sharding.reshard`.
+
+        Returns:
+            The output, of shape `(*batch, *out_spatial, out_features)`.
+        """
         inputs, batch_shape = merge_batch_dims("Conv", x, len(self.kernel_size))
         spatial = inputs.shape[1:-1]
         inputs, kernel, bias = _promoted_params(self, inputs)
@@ -357,13 +375,22 @@ class Conv(Module):
             dimension_numbers=_dimension_numbers(len(self.kernel_size)),
             feature_group_count=self.feature_group_count,
             precision=self.precision,
+            # The merged batch axis is the input's own only where it has one batch axis.
+            **(
+                {"out_sharding": out_sharding}
+                if out_sharding is not None and len(batch_shape) == 1
+                else {}
+            ),
         )
         check_not_empty(
             "Conv", spatial, y, "use a smaller kernel_size or kernel_dilation, or more padding"
         )
         if bias is not None:
             y = y + with_rank(bias, y.ndim)
-        return y.reshape(batch_shape + y.shape[1:])
+        y = y.reshape(batch_shape + y.shape[1:])
+        if out_sharding is not None and len(batch_shape) != 1:
+            y = jax.sharding.reshard(y, out_sharding)
+        return y
 
 
 def _fold_periodic(y: jax.Array, periods: Sequence[int], shifts: Sequence[int]) -> jax.Array:
@@ -420,6 +447,8 @@ class ConvTranspose(Module):
         kernel_sharding: how to split the kernel over a device mesh, one entry per
             dimension (a mesh axis name, a tuple of names or None), as for `Linear`.
         bias_sharding: the same for the bias.
+        kernel_metadata: more metadata for the kernel's Param (see `Linear`).
+        bias_metadata: the same for the bias.
         rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
 
     Examples:
@@ -451,6 +480,8 @@ class ConvTranspose(Module):
         transpose_kernel: bool = False,
         kernel_sharding: Any = None,
         bias_sharding: Any = None,
+        kernel_metadata: Mapping[str, Any] | None = None,
+        bias_metadata: Mapping[str, Any] | None = None,
         rngs: Any = None,
     ):
         layer = "ConvTranspose"
@@ -476,6 +507,8 @@ class ConvTranspose(Module):
             rngs,
             kernel_sharding,
             bias_sharding,
+            kernel_metadata,
+            bias_metadata,
         )
         self.in_features = in_features
         self.out_features = out_features

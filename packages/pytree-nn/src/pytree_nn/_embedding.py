@@ -1,12 +1,13 @@
 """`Embedding`: a table of vectors looked up by integer index."""
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from . import initializers
-from ._checks import check_features, check_input, check_sharding, check_weight
+from ._checks import check_features, check_input, check_metadata, check_weight
 from ._dtypes import promote_dtype
 from ._flat_draws import flat_when_eager
 from ._linear import sharded_param
@@ -35,6 +36,8 @@ class Embedding(Module):
             by default normal with variance `1 / features`.
         embedding_sharding: how to split the table over a device mesh, one entry per
             dimension, e.g. `("model", None)` (see `Linear`'s `kernel_sharding`).
+        embedding_metadata: more metadata for the table's Param, a mapping of names to
+            hashable values (see `Linear`'s `kernel_metadata`).
         rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
 
     Examples:
@@ -55,11 +58,19 @@ class Embedding(Module):
         param_dtype: Any = jnp.float32,
         embedding_init: initializers.Initializer = default_embedding_init,
         embedding_sharding: Any = None,
+        embedding_metadata: Mapping[str, Any] | None = None,
         rngs: Any = None,
     ):
         # Zero sizes are allowed, as in Equinox.
         check_features("Embedding", smallest=0, num_embeddings=num_embeddings, features=features)
-        sharding = check_sharding("Embedding", "embedding_sharding", embedding_sharding, 2)
+        sharding, metadata = check_metadata(
+            "Embedding",
+            "embedding_metadata",
+            embedding_metadata,
+            "embedding_sharding",
+            embedding_sharding,
+            2,
+        )
         rngs = as_rngs(rngs, "Embedding")
         key, shape = rngs.params(), (num_embeddings, features)
         # An empty table has nothing to draw (and fan-scaled initializers would divide by
@@ -68,17 +79,21 @@ class Embedding(Module):
             value = embedding_init(flat_when_eager(key), shape, param_dtype)
         else:
             value = jnp.zeros(shape, param_dtype)
-        self.embedding = sharded_param(value, sharding)
+        self.embedding = sharded_param(value, sharding, metadata)
         self.num_embeddings = num_embeddings
         self.features = features
         self.dtype = dtype
         self.param_dtype = param_dtype
 
-    def __call__(self, inputs: Any) -> jax.Array:
+    def __call__(self, inputs: Any, out_sharding: Any = None) -> jax.Array:
         """Look up the vectors of `inputs`, integer indices of any shape.
 
         Arguments:
             inputs: integer indices, of any shape `s`.
+            out_sharding: None, or the sharding of the output (a `PartitionSpec` or a
+                `NamedSharding`, one entry per output dimension), under a mesh with
+                explicit axes, as in Flax NNX (the lookup runs under
+                `jax.sharding.auto_axes`, as `jnp.take` takes no output sharding).
 
         Returns:
             The vectors, of shape `(*s, features)`.
@@ -90,6 +105,8 @@ class Embedding(Module):
                 "Convert them first, e.g. inputs.astype(jnp.int32)."
             )
         (embedding,) = promote_dtype(self._checked_embedding(), dtype=self.dtype)
+        if out_sharding is not None:
+            return jax.sharding.auto_axes(_take, out_sharding=out_sharding)(embedding, inputs)
         return jnp.take(embedding, inputs, axis=0)
 
     def _checked_embedding(self) -> jax.Array:
@@ -98,11 +115,13 @@ class Embedding(Module):
         sizes = f"num_embeddings={self.num_embeddings}, features={self.features}"
         return check_weight(self, "embedding", sizes, (self.num_embeddings, self.features))
 
-    def attend(self, query: jax.Array) -> jax.Array:
+    def attend(self, query: jax.Array, out_sharding: Any = None) -> jax.Array:
         """Score `query` against every vector of the table: `query @ embedding.T`.
 
         Arguments:
             query: an array of shape `(..., features)`.
+            out_sharding: None, or the sharding of the output under a mesh with explicit
+                axes (see `Linear.__call__`).
 
         Returns:
             The scores, of shape `(..., num_embeddings)` (e.g. logits over a vocabulary).
@@ -111,4 +130,8 @@ class Embedding(Module):
         local = None if table.shape[1] == self.features else table.shape[1]
         check_input("Embedding.attend", query, -1, self.features, "features", local)
         query, embedding = promote_dtype(query, table, dtype=self.dtype)
-        return jnp.matmul(query, embedding.T)
+        return jnp.matmul(query, embedding.T, out_sharding=out_sharding)
+
+
+def _take(embedding: jax.Array, inputs: jax.Array) -> jax.Array:
+    return jnp.take(embedding, inputs, axis=0)

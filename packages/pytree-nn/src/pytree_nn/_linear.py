@@ -2,7 +2,7 @@
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import jax
@@ -13,7 +13,7 @@ from pytree_graph import Param
 from pytree_transforms import filter_vmap
 
 from . import initializers
-from ._checks import check_features, check_input, check_sharding, check_weight
+from ._checks import check_features, check_input, check_metadata, check_weight
 from ._dtypes import promote_dtype, with_rank
 from ._flat_draws import flat_when_eager
 from ._module import Module
@@ -25,10 +25,18 @@ Size = int | Literal["scalar"]
 default_kernel_init = initializers.lecun_normal()
 
 
-def sharded_param(value: jax.Array, sharding: tuple[Any, ...] | None) -> Param:
+def sharded_param(
+    value: jax.Array, sharding: tuple[Any, ...] | None, metadata: Mapping[str, Any] | None = None
+) -> Param:
     """A Param, with `sharding` metadata only where a sharding was given (so that models
-    built without one keep the metadata, and the checkpoints, they had)."""
-    return Param(value) if sharding is None else Param(value, sharding=sharding)
+    built without one keep the metadata, and the checkpoints, they had), and the entries
+    of `metadata` (checked by `check_metadata`)."""
+    metadata = {} if metadata is None else metadata
+    return (
+        Param(value, **metadata)
+        if sharding is None
+        else Param(value, sharding=sharding, **metadata)
+    )
 
 
 def kernel_and_bias(
@@ -42,11 +50,22 @@ def kernel_and_bias(
     rngs: Any,
     kernel_sharding: Any = None,
     bias_sharding: Any = None,
+    kernel_metadata: Any = None,
+    bias_metadata: Any = None,
 ) -> tuple[Param, Param | None]:
     """A layer's `kernel` and `bias` (None without `use_bias`), keys from `rngs.params`,
-    with the shardings given (checked first, so a bad one draws no keys)."""
-    kernel_sharding = check_sharding(layer, "kernel_sharding", kernel_sharding, len(kernel_shape))
-    bias_sharding = check_sharding(layer, "bias_sharding", bias_sharding, 1)
+    with the shardings and metadata given (checked first, so a bad one draws no keys)."""
+    kernel_sharding, kernel_metadata = check_metadata(
+        layer,
+        "kernel_metadata",
+        kernel_metadata,
+        "kernel_sharding",
+        kernel_sharding,
+        len(kernel_shape),
+    )
+    bias_sharding, bias_metadata = check_metadata(
+        layer, "bias_metadata", bias_metadata, "bias_sharding", bias_sharding, 1
+    )
     kernel_key = rngs.params()
     if math.prod(kernel_shape) == 0:
         # An empty kernel (no input features) has nothing to draw, and fan-in scaled
@@ -55,11 +74,11 @@ def kernel_and_bias(
         value = jnp.zeros(kernel_shape, param_dtype)
     else:
         value = kernel_init(flat_when_eager(kernel_key), kernel_shape, param_dtype)
-    kernel = sharded_param(value, kernel_sharding)
+    kernel = sharded_param(value, kernel_sharding, kernel_metadata)
     if not use_bias:
         return kernel, None
     bias_value = bias_init(flat_when_eager(rngs.params()), (out_features,), param_dtype)
-    bias = sharded_param(bias_value, bias_sharding)
+    bias = sharded_param(bias_value, bias_sharding, bias_metadata)
     return kernel, bias
 
 
@@ -108,6 +127,11 @@ class Linear(Module):
             `(None, "model")`. Stored as the Param's `sharding` metadata, which
             `pytree_graph.get_named_sharding` and `pytree_graph.create_sharded` read.
         bias_sharding: the same for the bias, e.g. `("model",)`.
+        kernel_metadata: more metadata for the kernel's Param, a mapping of names to
+            hashable values, as Flax NNX's (`{"tag": "proj"}` gives `kernel.tag`). Its
+            `sharding` entry (or NNX's name, `out_sharding`) is the kernel's sharding,
+            another way to give `kernel_sharding` (give one of them).
+        bias_metadata: the same for the bias.
         rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
 
     Examples:
@@ -136,6 +160,8 @@ class Linear(Module):
         bias_init: initializers.Initializer = initializers.zeros,
         kernel_sharding: Any = None,
         bias_sharding: Any = None,
+        kernel_metadata: Mapping[str, Any] | None = None,
+        bias_metadata: Mapping[str, Any] | None = None,
         rngs: Any = None,
     ):
         # Zero features are allowed (as in Equinox): no input features give the bias, no
@@ -153,6 +179,8 @@ class Linear(Module):
             rngs,
             kernel_sharding,
             bias_sharding,
+            kernel_metadata,
+            bias_metadata,
         )
         self.in_features = in_features
         self.out_features = out_features
@@ -161,10 +189,21 @@ class Linear(Module):
         self.param_dtype = param_dtype
         self.precision = precision
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, out_sharding: Any = None) -> jax.Array:
         """Apply the layer to `x`, of shape `(..., in_features)` (any shape with
         `in_features="scalar"`); the output has shape `(..., out_features)` (`(...)` with
-        `out_features="scalar"`)."""
+        `out_features="scalar"`).
+
+        Arguments:
+            x: the input.
+            out_sharding: None, or the sharding of the output (a `PartitionSpec` or a
+                `NamedSharding`, one entry per output dimension), under a mesh with
+                explicit axes (`jax.sharding.AxisType.Explicit`), as in Flax NNX: the
+                matmul computes the output in that layout.
+
+        Returns:
+            The output.
+        """
         kernel = _checked_kernel(self)
         if self.in_features == "scalar":
             x = jnp.expand_dims(jnp.asarray(x), -1)
@@ -172,9 +211,19 @@ class Linear(Module):
             check_input("Linear", x, -1, self.in_features, "in_features", _local(kernel, 0, self))
         bias = self.bias.value if self.bias is not None else None
         x, kernel, bias = promote_dtype(x, kernel, bias, dtype=self.dtype)
-        y = jnp.matmul(x, kernel, precision=self.precision)
+        scalar_out = self.out_features == "scalar"
+        y = jnp.matmul(
+            x,
+            kernel,
+            precision=self.precision,
+            out_sharding=None if scalar_out else out_sharding,
+        )
         y = y if bias is None else y + with_rank(bias, y.ndim)
-        return y[..., 0] if self.out_features == "scalar" else y
+        if not scalar_out:
+            return y
+        # The output sharding names the dimensions left once the size-1 axis is dropped.
+        y = y[..., 0]
+        return y if out_sharding is None else jax.sharding.reshard(y, out_sharding)
 
 
 def _checked_kernel(layer: Linear) -> jax.Array:
@@ -270,6 +319,8 @@ class MLP(Module):
             rows (fully sharded data parallel). The stacked kernel of `scan=True` gets
             None for its layer axis: `(None, "data", None)`.
         bias_sharding: the same for every bias.
+        kernel_metadata: more metadata for every layer's kernel (see `Linear`).
+        bias_metadata: the same for every bias.
         rngs: an `Rngs`, a PRNG key or an int seed.
 
     Examples:
@@ -305,6 +356,8 @@ class MLP(Module):
         scan: bool = False,
         kernel_sharding: Any = None,
         bias_sharding: Any = None,
+        kernel_metadata: Mapping[str, Any] | None = None,
+        bias_metadata: Mapping[str, Any] | None = None,
         rngs: Any = None,
     ):
         # Zero sizes are allowed, as in Equinox (see Linear).
@@ -313,8 +366,12 @@ class MLP(Module):
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
             raise ValueError(f"MLP: depth must be an int >= 0, got {depth!r}.")
         # Checked before the first layer draws a key.
-        kernel_sharding = check_sharding("MLP", "kernel_sharding", kernel_sharding, 2)
-        bias_sharding = check_sharding("MLP", "bias_sharding", bias_sharding, 1)
+        kernel_sharding, kernel_metadata = check_metadata(
+            "MLP", "kernel_metadata", kernel_metadata, "kernel_sharding", kernel_sharding, 2
+        )
+        bias_sharding, bias_metadata = check_metadata(
+            "MLP", "bias_metadata", bias_metadata, "bias_sharding", bias_sharding, 1
+        )
         if not isinstance(scan, bool):
             raise TypeError(f"MLP: scan must be True or False, got {scan!r}.")
         rngs = as_rngs(rngs, "MLP")
@@ -328,6 +385,8 @@ class MLP(Module):
                 param_dtype=param_dtype,
                 kernel_sharding=kernel_sharding,
                 bias_sharding=bias_sharding,
+                kernel_metadata=kernel_metadata,
+                bias_metadata=bias_metadata,
                 rngs=rngs,
             )
 

@@ -1,7 +1,7 @@
-"""Normalization layers: `LayerNorm`, `RMSNorm`, `GroupNorm` and `BatchNorm`."""
+"""Normalization layers: `LayerNorm`, `RMSNorm`, `GroupNorm`, `InstanceNorm` and `BatchNorm`."""
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -11,7 +11,7 @@ from jax import lax
 from pytree_graph import BatchStat, Param
 
 from . import initializers
-from ._checks import check_features, check_number, check_sharding
+from ._checks import check_features, check_metadata, check_number
 from ._dtypes import at_least_float32, promote_dtype
 from ._flat_draws import flat_when_eager
 from ._linear import sharded_param
@@ -141,22 +141,20 @@ def _scale_and_bias(
     size: int,
     dtype: Any,
     rngs: Any,
-    scale: tuple[initializers.Initializer, Any] | None,
-    bias: tuple[initializers.Initializer, Any] | None = None,
+    scale: tuple[initializers.Initializer, Any, Any] | None,
+    bias: tuple[initializers.Initializer, Any, Any] | None = None,
 ) -> tuple[Param | None, Param | None]:
     """The `(size,)` `scale` and `bias` Params (None where not used), each from its
-    `(initializer, sharding)` with a key from `rngs.params`; both shardings are checked
-    before any key is drawn."""
+    `(initializer, sharding, metadata)` with a key from `rngs.params`; the shardings and
+    metadata are checked before any key is drawn."""
     parts = {"scale": scale, "bias": bias}
-    shardings = {
-        name: check_sharding(layer, f"{name}_sharding", part[1], 1)
+    checked = {
+        name: check_metadata(layer, f"{name}_metadata", part[2], f"{name}_sharding", part[1], 1)
         for name, part in parts.items()
         if part is not None
     }
     made = {
-        name: sharded_param(
-            part[0](flat_when_eager(rngs.params()), (size,), dtype), shardings[name]
-        )
+        name: sharded_param(part[0](flat_when_eager(rngs.params()), (size,), dtype), *checked[name])
         for name, part in parts.items()
         if part is not None
     }
@@ -189,9 +187,12 @@ class LayerNorm(Module):
         use_scale: whether to multiply by the learned `scale`.
         bias_init: initializer of `bias`.
         bias_sharding: the same for `bias`.
+        bias_metadata: more metadata for `bias`'s Param (see `scale_metadata`).
         scale_init: initializer of `scale`.
         scale_sharding: how to split `scale` over a device mesh, e.g. `("model",)` (see
             `Linear`'s `kernel_sharding`).
+        scale_metadata: more metadata for `scale`'s Param, a mapping of names to
+            hashable values (see `Linear`'s `kernel_metadata`).
         reduction_axes: the axis or axes to take the statistics over.
         feature_axes: the axis or axes `scale` and `bias` lie along.
         axis_name: also average the statistics over this named axis (of `vmap`, `pmap`
@@ -222,8 +223,10 @@ class LayerNorm(Module):
         use_scale: bool = True,
         bias_init: initializers.Initializer = initializers.zeros,
         bias_sharding: Any = None,
+        bias_metadata: Mapping[str, Any] | None = None,
         scale_init: initializers.Initializer = initializers.ones,
         scale_sharding: Any = None,
+        scale_metadata: Mapping[str, Any] | None = None,
         reduction_axes: Axes = -1,
         feature_axes: Axes = -1,
         axis_name: Any = None,
@@ -240,8 +243,8 @@ class LayerNorm(Module):
             num_features,
             param_dtype,
             rngs,
-            (scale_init, scale_sharding) if use_scale else None,
-            (bias_init, bias_sharding) if use_bias else None,
+            (scale_init, scale_sharding, scale_metadata) if use_scale else None,
+            (bias_init, bias_sharding, bias_metadata) if use_bias else None,
         )
         self.num_features = num_features
         self.dtype = dtype
@@ -287,6 +290,8 @@ class RMSNorm(Module):
         scale_init: initializer of `scale`.
         scale_sharding: how to split `scale` over a device mesh, e.g. `("model",)` (see
             `Linear`'s `kernel_sharding`).
+        scale_metadata: more metadata for `scale`'s Param, a mapping of names to
+            hashable values (see `Linear`'s `kernel_metadata`).
         reduction_axes: the axis or axes to take the mean square over.
         feature_axes: the axis or axes `scale` lies along.
         axis_name: also average over this named axis (of `vmap`, `pmap`, `shard_map`).
@@ -310,6 +315,7 @@ class RMSNorm(Module):
         use_scale: bool = True,
         scale_init: initializers.Initializer = initializers.ones,
         scale_sharding: Any = None,
+        scale_metadata: Mapping[str, Any] | None = None,
         reduction_axes: Axes = -1,
         feature_axes: Axes = -1,
         axis_name: Any = None,
@@ -325,7 +331,7 @@ class RMSNorm(Module):
             num_features,
             param_dtype,
             rngs,
-            (scale_init, scale_sharding) if use_scale else None,
+            (scale_init, scale_sharding, scale_metadata) if use_scale else None,
         )
         self.num_features = num_features
         self.dtype = dtype
@@ -375,9 +381,12 @@ class GroupNorm(Module):
         use_scale: whether to multiply by the learned `scale`.
         bias_init: initializer of `bias`.
         bias_sharding: the same for `bias`.
+        bias_metadata: more metadata for `bias`'s Param (see `scale_metadata`).
         scale_init: initializer of `scale`.
         scale_sharding: how to split `scale` over a device mesh, e.g. `("model",)` (see
             `Linear`'s `kernel_sharding`).
+        scale_metadata: more metadata for `scale`'s Param, a mapping of names to
+            hashable values (see `Linear`'s `kernel_metadata`).
         reduction_axes: the axes to take the statistics over, instead of the default
             (every axis but the first); it must include the last axis. Use it for inputs
             with several batch axes, e.g. `(-3, -2, -1)` for `(..., H, W, C)`.
@@ -408,8 +417,10 @@ class GroupNorm(Module):
         use_scale: bool = True,
         bias_init: initializers.Initializer = initializers.zeros,
         bias_sharding: Any = None,
+        bias_metadata: Mapping[str, Any] | None = None,
         scale_init: initializers.Initializer = initializers.ones,
         scale_sharding: Any = None,
+        scale_metadata: Mapping[str, Any] | None = None,
         reduction_axes: Axes | None = None,
         axis_name: Any = None,
         use_fast_variance: bool = True,
@@ -447,8 +458,8 @@ class GroupNorm(Module):
             num_features,
             param_dtype,
             rngs,
-            (scale_init, scale_sharding) if use_scale else None,
-            (bias_init, bias_sharding) if use_bias else None,
+            (scale_init, scale_sharding, scale_metadata) if use_scale else None,
+            (bias_init, bias_sharding, bias_metadata) if use_bias else None,
         )
         self.num_features = num_features
         self.num_groups = num_features // value if given == "group_size" else value
@@ -493,6 +504,115 @@ class GroupNorm(Module):
         return y.reshape(shape)
 
 
+class InstanceNorm(Module):
+    """Instance normalization: normalize each example and each channel on its own.
+
+    `y = (x - mean) / sqrt(var + epsilon) * scale + bias`, with the mean and variance
+    taken per example (the leading axis is the batch) and per feature, over every axis
+    that is neither the batch axis nor one of `feature_axes` (for an image batch
+    `(N, H, W, C)`: over `H` and `W`). `scale` and `bias` are Params of shape
+    `(num_features,)` laid along `feature_axes`, as in `LayerNorm`. It is `LayerNorm` with
+    `reduction_axes` every non-batch, non-feature axis, and `GroupNorm` with
+    `group_size=1`. Statistics are computed in at least float32; the result has the dtype
+    of the input and parameters promoted together, or `dtype`.
+
+    Arguments:
+        num_features: the number of features (the product of the sizes of the input's
+            `feature_axes`).
+        epsilon: added to the variance before the square root.
+        dtype: the dtype to compute in and return (None: promote).
+        param_dtype: the dtype of `scale` and `bias`.
+        use_bias: whether to add the learned `bias`.
+        use_scale: whether to multiply by the learned `scale`.
+        bias_init: initializer of `bias`.
+        bias_sharding: how to split `bias` over a device mesh (see `Linear`'s
+            `kernel_sharding`).
+        bias_metadata: more metadata for `bias`'s Param (see `Linear`'s
+            `kernel_metadata`).
+        scale_init: initializer of `scale`.
+        scale_sharding: the same as `bias_sharding`, for `scale`.
+        scale_metadata: the same as `bias_metadata`, for `scale`.
+        feature_axes: the axis or axes `scale` and `bias` lie along (not the batch axis,
+            0); the statistics are taken over all others but the batch axis.
+        axis_name: also average the statistics over this named axis (of `vmap`, `pmap`
+            or `shard_map`).
+        use_fast_variance: compute the variance as `E[x^2] - E[x]^2` (one pass).
+        rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn import InstanceNorm
+        >>> norm = InstanceNorm(2, rngs=0)
+        >>> x = jnp.array([[[0.0, 1.0], [2.0, 5.0]]])  # (batch=1, length=2, channels=2)
+        >>> norm(x).round(3).tolist()
+        [[[-1.0, -1.0], [1.0, 1.0]]]
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        epsilon: float = 1e-6,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        use_bias: bool = True,
+        use_scale: bool = True,
+        bias_init: initializers.Initializer = initializers.zeros,
+        bias_sharding: Any = None,
+        bias_metadata: Mapping[str, Any] | None = None,
+        scale_init: initializers.Initializer = initializers.ones,
+        scale_sharding: Any = None,
+        scale_metadata: Mapping[str, Any] | None = None,
+        feature_axes: Axes = -1,
+        axis_name: Any = None,
+        use_fast_variance: bool = True,
+        rngs: Any = None,
+    ):
+        check_features("InstanceNorm", num_features=num_features)
+        self.epsilon = check_number("InstanceNorm", "epsilon", epsilon, 0.0, math.inf)
+        self.feature_axes = _check_axes("InstanceNorm", "feature_axes", feature_axes)
+        rngs = as_rngs(rngs, "InstanceNorm")
+        self.scale, self.bias = _scale_and_bias(
+            "InstanceNorm",
+            num_features,
+            param_dtype,
+            rngs,
+            (scale_init, scale_sharding, scale_metadata) if use_scale else None,
+            (bias_init, bias_sharding, bias_metadata) if use_bias else None,
+        )
+        self.num_features = num_features
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.use_bias = use_bias
+        self.use_scale = use_scale
+        self.axis_name = axis_name
+        self.use_fast_variance = use_fast_variance
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Normalize `x`, of shape `(batch, ...)` with the features on `feature_axes`;
+        the result has the shape of `x`."""
+        shape = jnp.shape(x)
+        features = _feature_axes(
+            "InstanceNorm", "feature_axes", self.feature_axes, shape, self.num_features
+        )
+        if 0 in features:
+            raise ValueError(
+                f"InstanceNorm: feature_axes={self.feature_axes!r} includes the leading "
+                f"axis of the input of shape {shape}, which is the batch axis. Give inputs "
+                "a leading batch axis (x[None] for one example), or other feature_axes."
+            )
+        reduction = tuple(a for a in range(1, len(shape)) if a not in features)
+        x, scale, bias = _promoted(x, self.scale, self.bias, self.dtype)
+        mean, variance = _moments(
+            x,
+            reduction,
+            center=True,
+            fast_variance=self.use_fast_variance,
+            axis_name=self.axis_name,
+        )
+        return _normalize(x, mean, variance, scale, bias, features, self.epsilon)
+
+
 class BatchNorm(Module):
     """Batch normalization: normalize each feature over the batch, keeping running averages.
 
@@ -528,9 +648,12 @@ class BatchNorm(Module):
         use_scale: whether to multiply by the learned `scale`.
         bias_init: initializer of `bias`.
         bias_sharding: the same for `bias`.
+        bias_metadata: more metadata for `bias`'s Param (see `scale_metadata`).
         scale_init: initializer of `scale`.
         scale_sharding: how to split `scale` over a device mesh, e.g. `("model",)` (see
             `Linear`'s `kernel_sharding`).
+        scale_metadata: more metadata for `scale`'s Param, a mapping of names to
+            hashable values (see `Linear`'s `kernel_metadata`).
         axis_name: also average the batch statistics over this named axis.
         use_fast_variance: compute the variance as `E[x^2] - E[x]^2` (one pass).
         rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
@@ -567,8 +690,10 @@ class BatchNorm(Module):
         use_scale: bool = True,
         bias_init: initializers.Initializer = initializers.zeros,
         bias_sharding: Any = None,
+        bias_metadata: Mapping[str, Any] | None = None,
         scale_init: initializers.Initializer = initializers.ones,
         scale_sharding: Any = None,
+        scale_metadata: Mapping[str, Any] | None = None,
         axis_name: Any = None,
         use_fast_variance: bool = True,
         rngs: Any = None,
@@ -590,8 +715,8 @@ class BatchNorm(Module):
             num_features,
             param_dtype,
             rngs,
-            (scale_init, scale_sharding) if use_scale else None,
-            (bias_init, bias_sharding) if use_bias else None,
+            (scale_init, scale_sharding, scale_metadata) if use_scale else None,
+            (bias_init, bias_sharding, bias_metadata) if use_bias else None,
         )
         self.num_features = num_features
         self.use_running_average = use_running_average
