@@ -26,6 +26,8 @@ from ._combinators import Sequential as Sequential
 from ._conv import Conv as Conv
 from ._conv import ConvTranspose as ConvTranspose
 from ._dropout import Dropout as Dropout
+from ._einsum import Einsum as Einsum
+from ._einsum import LinearGeneral as LinearGeneral
 from ._embedding import Embedding as Embedding
 from ._linear import MLP as MLP
 from ._linear import Linear as Linear

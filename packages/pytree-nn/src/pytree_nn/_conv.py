@@ -11,7 +11,7 @@ from jax import lax
 
 from . import initializers
 from ._checks import check_features, check_input, check_weight
-from ._dtypes import promote_dtype, with_rank
+from ._dtypes import add_bias, check_preferred_element_type, promote_dtype
 from ._linear import default_kernel_init, kernel_and_bias
 from ._module import Module
 from ._rngs import as_rngs
@@ -237,6 +237,9 @@ class Conv(Module):
         dtype: the dtype to compute in (None: promote the input's and the parameters').
         param_dtype: the dtype of the parameters.
         precision: the convolution's precision (`jax.lax.Precision`), or None.
+        preferred_element_type: the dtype the convolution accumulates in and returns
+            (None: the operands' dtype), e.g. `jnp.float32` for bfloat16 inputs; the bias
+            is then added in the wider of this dtype and the bias's, as in Flax NNX.
         kernel_init: initializer of the kernel.
         bias_init: initializer of the bias, of shape `(out_features,)`.
         kernel_sharding: how to split the kernel over a device mesh, one entry per
@@ -272,6 +275,7 @@ class Conv(Module):
         dtype: Any = None,
         param_dtype: Any = jnp.float32,
         precision: Any = None,
+        preferred_element_type: Any = None,
         kernel_init: initializers.Initializer = default_kernel_init,
         bias_init: initializers.Initializer = initializers.zeros,
         kernel_sharding: Any = None,
@@ -297,6 +301,7 @@ class Conv(Module):
                     "number of features."
                 )
         _check_causal("Conv", padding, kernel_size)
+        check_preferred_element_type("Conv", preferred_element_type)
         if padding == "SAME" and any(d > 1 for d in input_dilation):
             raise ValueError(
                 f"Conv: padding='SAME' cannot be combined with input_dilation={input_dilation}; "
@@ -332,6 +337,7 @@ class Conv(Module):
         self.dtype = dtype
         self.param_dtype = param_dtype
         self.precision = precision
+        self.preferred_element_type = preferred_element_type
 
     def __call__(self, x: jax.Array, out_sharding: Any = None) -> jax.Array:
         """Convolve `x`, of shape `(*batch, *spatial, in_features)`.
@@ -375,6 +381,7 @@ class Conv(Module):
             dimension_numbers=_dimension_numbers(len(self.kernel_size)),
             feature_group_count=self.feature_group_count,
             precision=self.precision,
+            preferred_element_type=self.preferred_element_type,
             # The merged batch axis is the input's own only where it has one batch axis.
             **(
                 {"out_sharding": out_sharding}
@@ -385,8 +392,7 @@ class Conv(Module):
         check_not_empty(
             "Conv", spatial, y, "use a smaller kernel_size or kernel_dilation, or more padding"
         )
-        if bias is not None:
-            y = y + with_rank(bias, y.ndim)
+        y = add_bias(y, bias)
         y = y.reshape(batch_shape + y.shape[1:])
         if out_sharding is not None and len(batch_shape) != 1:
             y = jax.sharding.reshard(y, out_sharding)
@@ -440,6 +446,9 @@ class ConvTranspose(Module):
         dtype: the dtype to compute in (None: promote the input's and the parameters').
         param_dtype: the dtype of the parameters.
         precision: the convolution's precision (`jax.lax.Precision`), or None.
+        preferred_element_type: the dtype the convolution accumulates in and returns
+            (None: the operands' dtype), e.g. `jnp.float32` for bfloat16 inputs; the bias
+            is then added in the wider of this dtype and the bias's, as in Flax NNX.
         kernel_init: initializer of the kernel.
         bias_init: initializer of the bias, of shape `(out_features,)`.
         transpose_kernel: read the kernel as a `Conv` kernel, flipped and with its feature
@@ -475,6 +484,7 @@ class ConvTranspose(Module):
         dtype: Any = None,
         param_dtype: Any = jnp.float32,
         precision: Any = None,
+        preferred_element_type: Any = None,
         kernel_init: initializers.Initializer = default_kernel_init,
         bias_init: initializers.Initializer = initializers.zeros,
         transpose_kernel: bool = False,
@@ -492,6 +502,7 @@ class ConvTranspose(Module):
         kernel_dilation = spatial_tuple(layer, "kernel_dilation", kernel_dilation, rank)
         padding = canonical_padding(layer, padding, rank, _TRANSPOSE_PADDINGS)
         _check_causal(layer, padding, kernel_size)
+        check_preferred_element_type(layer, preferred_element_type)
         features = (out_features, in_features) if transpose_kernel else (in_features, out_features)
         kernel_shape = (*kernel_size, *features)
         mask = _check_mask(layer, mask, kernel_shape)
@@ -521,6 +532,7 @@ class ConvTranspose(Module):
         self.dtype = dtype
         self.param_dtype = param_dtype
         self.precision = precision
+        self.preferred_element_type = preferred_element_type
         self.transpose_kernel = transpose_kernel
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -544,6 +556,7 @@ class ConvTranspose(Module):
             dimension_numbers=_dimension_numbers(len(self.kernel_size)),
             transpose_kernel=self.transpose_kernel,
             precision=self.precision,
+            preferred_element_type=self.preferred_element_type,
         )
         if self.padding == "CIRCULAR":
             # The full (VALID) output folded back onto one period of n * s. The shift makes
@@ -558,6 +571,5 @@ class ConvTranspose(Module):
         check_not_empty(
             "ConvTranspose", inputs.shape[1:-1], y, "use more padding or a smaller kernel_size"
         )
-        if bias is not None:
-            y = y + with_rank(bias, y.ndim)
+        y = add_bias(y, bias)
         return y.reshape(batch_shape + y.shape[1:])

@@ -7,6 +7,7 @@ per-channel slope) must be given its leading axes before it broadcasts.
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -80,3 +81,42 @@ def at_least_float32(dtype: Any) -> np.dtype:
         if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize >= 4
         else np.dtype(np.float32)
     )
+
+
+def check_preferred_element_type(layer: str, value: Any) -> Any:
+    """Refuse a `preferred_element_type=` that is not a dtype (None: the default, the
+    operands' dtype), naming the argument; the value is kept as given."""
+    if value is None:
+        return None
+    try:
+        jnp.dtype(value)
+    except TypeError:
+        raise TypeError(
+            f"{layer}: preferred_element_type must be a dtype such as jnp.float32 (the "
+            f"dtype the matmul accumulates in and returns) or None, got {value!r}."
+        ) from None
+    return value
+
+
+def add_bias(y: Any, bias: Any) -> Any:
+    """`y + bias`, the bias given `y`'s rank first (see `with_rank`); `None` gives `y`.
+
+    A layer with `preferred_element_type=` returns its matmul in that dtype, which may
+    differ from the bias's: the sum is then in the wider of the two, as in Flax NNX (whose
+    layers add the bias with JAX's standard promotion), found under standard promotion so
+    that `jax_numpy_dtype_promotion="strict"` does not refuse it.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_nn._dtypes import add_bias
+        >>> add_bias(jnp.ones((2, 3), jnp.float32), jnp.ones(3, jnp.bfloat16)).dtype
+        dtype('float32')
+    """
+    if bias is None:
+        return y
+    bias = with_rank(bias, y.ndim)
+    if bias.dtype != y.dtype:
+        with jax.numpy_dtype_promotion("standard"):
+            dtype = jnp.promote_types(y.dtype, bias.dtype)
+        y, bias = y.astype(dtype), bias.astype(dtype)
+    return y + bias

@@ -14,7 +14,7 @@ from pytree_transforms import filter_vmap
 
 from . import initializers
 from ._checks import check_features, check_input, check_metadata, check_weight
-from ._dtypes import promote_dtype, with_rank
+from ._dtypes import add_bias, check_preferred_element_type, promote_dtype
 from ._flat_draws import flat_when_eager
 from ._module import Module
 from ._rngs import as_rngs
@@ -120,6 +120,9 @@ class Linear(Module):
         dtype: the dtype to compute in (None: promote the input's and the parameters').
         param_dtype: the dtype of the parameters.
         precision: the matmul precision (`jax.lax.Precision`), or None.
+        preferred_element_type: the dtype the matmul accumulates in and returns (None:
+            the operands' dtype), e.g. `jnp.float32` for bfloat16 inputs; the bias is
+            then added in the wider of this dtype and the bias's, as in Flax NNX.
         kernel_init: initializer of the kernel, of shape `(in_features, out_features)`.
         bias_init: initializer of the bias, of shape `(out_features,)`.
         kernel_sharding: how to split the kernel over a device mesh: one entry per
@@ -156,6 +159,7 @@ class Linear(Module):
         dtype: Any = None,
         param_dtype: Any = jnp.float32,
         precision: Any = None,
+        preferred_element_type: Any = None,
         kernel_init: initializers.Initializer = default_kernel_init,
         bias_init: initializers.Initializer = initializers.zeros,
         kernel_sharding: Any = None,
@@ -167,6 +171,7 @@ class Linear(Module):
         # Zero features are allowed (as in Equinox): no input features give the bias, no
         # output features an empty output.
         check_size("Linear", in_features=in_features, out_features=out_features)
+        check_preferred_element_type("Linear", preferred_element_type)
         rngs = as_rngs(rngs, "Linear")
         self.kernel, self.bias = kernel_and_bias(
             "Linear",
@@ -188,6 +193,7 @@ class Linear(Module):
         self.dtype = dtype
         self.param_dtype = param_dtype
         self.precision = precision
+        self.preferred_element_type = preferred_element_type
 
     def __call__(self, x: jax.Array, out_sharding: Any = None) -> jax.Array:
         """Apply the layer to `x`, of shape `(..., in_features)` (any shape with
@@ -216,9 +222,10 @@ class Linear(Module):
             x,
             kernel,
             precision=self.precision,
+            preferred_element_type=self.preferred_element_type,
             out_sharding=None if scalar_out else out_sharding,
         )
-        y = y if bias is None else y + with_rank(bias, y.ndim)
+        y = add_bias(y, bias)
         if not scalar_out:
             return y
         # The output sharding names the dimensions left once the size-1 axis is dropped.
@@ -314,6 +321,8 @@ class MLP(Module):
         param_dtype: the dtype of the parameters.
         scan: hold the `width_size -> width_size` layers stacked, and run them with
             `jax.lax.scan` (see above).
+        preferred_element_type: the dtype every layer's matmul accumulates in and returns
+            (see `Linear`), or None.
         kernel_sharding: how to split every layer's kernel over a device mesh, one entry
             per dimension (see `Linear`), e.g. `("data", None)` to shard each kernel's
             rows (fully sharded data parallel). The stacked kernel of `scan=True` gets
@@ -354,6 +363,7 @@ class MLP(Module):
         param_dtype: Any = jnp.float32,
         *,
         scan: bool = False,
+        preferred_element_type: Any = None,
         kernel_sharding: Any = None,
         bias_sharding: Any = None,
         kernel_metadata: Mapping[str, Any] | None = None,
@@ -374,6 +384,7 @@ class MLP(Module):
         )
         if not isinstance(scan, bool):
             raise TypeError(f"MLP: scan must be True or False, got {scan!r}.")
+        check_preferred_element_type("MLP", preferred_element_type)
         rngs = as_rngs(rngs, "MLP")
 
         def linear(din: int, dout: int, bias: bool, rngs: Any) -> Linear:
@@ -383,6 +394,7 @@ class MLP(Module):
                 use_bias=bias,
                 dtype=dtype,
                 param_dtype=param_dtype,
+                preferred_element_type=preferred_element_type,
                 kernel_sharding=kernel_sharding,
                 bias_sharding=bias_sharding,
                 kernel_metadata=kernel_metadata,
@@ -420,6 +432,7 @@ class MLP(Module):
         self.width_size = width_size
         self.depth = depth
         self.scan = scan
+        self.preferred_element_type = preferred_element_type
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Apply the network to `x`, of shape `(..., in_size)` (any shape with
