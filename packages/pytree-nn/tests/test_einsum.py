@@ -140,6 +140,7 @@ def test_einsum_shardings_become_metadata():
         (("bd,dh->bz", (3, 4)), ValueError, r"output subscripts 'z' that are in neither"),
         (("bd,dh->...h", (3, 4)), ValueError, r"'\.\.\.' in the output but not in the input"),
         ((3, (3, 4)), TypeError, r"einsum_str must be a string"),
+        ((["bd,dh->bh"], (3, 4)), TypeError, r"einsum_str must be a string"),
         (("bd,dh->bh", (3, -4)), ValueError, r"kernel_shape must be a tuple of ints >= 0"),
         (("bd,dh->bh", "34"), TypeError, r"kernel_shape must be a tuple of ints"),
         (

@@ -71,12 +71,18 @@ def _check_subscripts(equation: str, role: str, subscripts: str, ellipsis: bool)
         )
 
 
-@functools.lru_cache(maxsize=256)
 def _equation(einsum_str: Any, kernel_shape: tuple[int, ...]) -> _Equation:
     """`einsum_str` without spaces and split, after checking that it has the two operands an
     Einsum takes (input, kernel), an explicit output and one letter per kernel axis."""
     if not isinstance(einsum_str, str):
         raise TypeError(f"Einsum: einsum_str must be a string, {_EXAMPLE}; got {einsum_str!r}.")
+    return _parsed(einsum_str, kernel_shape)
+
+
+# Parsed once per string and kernel shape: a layer called eagerly parses nothing twice.
+@functools.lru_cache(maxsize=256)
+def _parsed(einsum_str: str, kernel_shape: tuple[int, ...]) -> _Equation:
+    """`_equation` for a string."""
     equation = einsum_str.replace(" ", "")
     if equation.count("->") != 1:
         problem = "has no '->'" if "->" not in equation else "has more than one '->'"
@@ -175,9 +181,6 @@ class Einsum(Module):
         bias_sharding: the same for the bias, one entry per bias dimension.
         rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream: the
             kernel's, then the bias's, as in NNX).
-
-    Returns:
-        The layer; calling it on `inputs` returns the einsum plus the bias.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -421,9 +424,6 @@ class LinearGeneral(Module):
             dimension (a mesh axis name, a tuple of names or None), as for `Linear`.
         bias_sharding: the same for the bias.
         rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
-
-    Returns:
-        The layer; calling it on an input returns the contraction plus the bias.
 
     Examples:
         >>> import jax.numpy as jnp
