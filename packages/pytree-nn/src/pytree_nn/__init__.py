@@ -1,6 +1,7 @@
 """pytree_nn: neural-network layers, Rngs, Optimizer and checkpoints on the pytree packages."""
 
 from . import initializers as initializers
+from . import metrics as metrics
 from .__about__ import __version__ as __version__
 from ._activations import PReLU as PReLU
 from ._adaptive_pooling import AdaptiveAvgPool as AdaptiveAvgPool
@@ -28,6 +29,7 @@ from ._conv import ConvTranspose as ConvTranspose
 from ._dropout import Dropout as Dropout
 from ._einsum import Einsum as Einsum
 from ._einsum import LinearGeneral as LinearGeneral
+from ._ema import EMA as EMA
 from ._embedding import Embedding as Embedding
 from ._linear import MLP as MLP
 from ._linear import Linear as Linear
@@ -40,6 +42,7 @@ from ._normalization import GroupNorm as GroupNorm
 from ._normalization import InstanceNorm as InstanceNorm
 from ._normalization import LayerNorm as LayerNorm
 from ._normalization import RMSNorm as RMSNorm
+from ._optimizer import ModelAndOptimizer as ModelAndOptimizer
 from ._optimizer import Optimizer as Optimizer
 from ._optimizer import OptState as OptState
 from ._pooling import avg_pool as avg_pool
@@ -68,5 +71,8 @@ from ._stateful import State as State
 from ._stateful import StateIndex as StateIndex
 from ._stateful import make_with_state as make_with_state
 from ._summary import tabulate as tabulate
+from ._train_state import TrainState as TrainState
 from ._weight_norms import SpectralNorm as SpectralNorm
 from ._weight_norms import WeightNorm as WeightNorm
+from .metrics import Metric as Metric
+from .metrics import MultiMetric as MultiMetric

@@ -294,3 +294,56 @@ def _as_values(value: Any, order: tuple[Path, ...]) -> Any:
         return value
     flat = value.flat_state()
     return _values_at(flat, order if flat.keys() == set(order) else flat)
+
+
+class ModelAndOptimizer(Optimizer):
+    """An `Optimizer` whose `update` takes only the gradients, as Flax NNX's
+    `nnx.ModelAndOptimizer`: it updates the model it holds, `optimizer.model`.
+
+    Our `Optimizer` already holds its model (NNX 0.12's does not, and takes it in `update`);
+    this class only changes `update`'s arguments, for code written against NNX's
+    `ModelAndOptimizer` (or NNX before 0.11).
+
+    Arguments:
+        model: the model to train; kept as `self.model` (the same object).
+        tx: an optax `GradientTransformation`.
+        wrt: which Variables to optimize (default `Param`), as `Optimizer`'s.
+
+    Examples:
+        >>> import jax.numpy as jnp, optax
+        >>> import pytree_graph as pg
+        >>> from pytree_nn import Linear, ModelAndOptimizer
+        >>> state = ModelAndOptimizer(Linear(2, 1, rngs=0), optax.sgd(0.1))
+        >>> @pg.jit
+        ... def train_step(state, x, y):
+        ...     loss_fn = lambda model: jnp.mean((model(x) - y) ** 2)
+        ...     loss, grads = pg.value_and_grad(loss_fn)(state.model)
+        ...     state.update(grads)
+        ...     return loss
+        >>> x, y = jnp.ones((4, 2)), jnp.zeros((4, 1))
+        >>> losses = [float(train_step(state, x, y)) for _ in range(20)]
+        >>> losses[-1] < 1e-3 * losses[0], int(state.step.value)
+        (True, 20)
+    """
+
+    def __init__(self, model: Any, tx: optax.GradientTransformation, *, wrt: Any = Param):
+        super().__init__(model, tx, wrt)
+
+    def update(self, grads: Any = _NO_GRADS, /, *rest: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        """Apply one optimizer step to `self.model`'s parameters, in place.
+
+        Arguments:
+            grads: the gradients of `self.model` (see `Optimizer.update`).
+            **kwargs: extra arguments of the optax transformation (see `Optimizer.update`).
+
+        Raises:
+            TypeError: called with the model as well (`update(model, grads)`, `Optimizer`'s
+                form), or without gradients.
+        """
+        if rest or grads is self.model or grads is _NO_GRADS:
+            raise TypeError(
+                "ModelAndOptimizer.update takes the gradients only: "
+                "`optimizer.update(grads)`; it updates `optimizer.model`. (`Optimizer` takes "
+                "the model first: `Optimizer(model, tx).update(model, grads)`.)"
+            )
+        super().update(self.model, grads, **kwargs)
