@@ -144,3 +144,25 @@ def test_errors():
     for path, value in values(ema.params).items():  # nothing was written
         np.testing.assert_array_equal(value, before[path])
     assert int(ema.count.value) == 0
+
+
+def test_a_model_that_gained_a_variable_is_named():
+    model = Linear(2, 2, rngs=0)
+    ema = EMA(model, 0.9)
+    model.extra = Param(jnp.zeros(3))
+    with pytest.raises(ValueError, match=r"New: \.extra\. Pass the model the EMA was built"):
+        ema.update(model)
+
+
+def test_checkpoint_round_trip(tmp_path):
+    from pytree_nn import load_checkpoint, save_checkpoint
+
+    model = Tied(Rngs(0))
+    ema = EMA(model, 0.9, debias=True)
+    model.first.kernel.value = model.first.kernel.value + 1
+    ema.update(model)
+    save_checkpoint(tmp_path / "ema.safetensors", ema)
+    restored = load_checkpoint(tmp_path / "ema.safetensors", EMA(Tied(Rngs(1)), 0.9, debias=True))
+    for path, value in values(ema.params).items():
+        np.testing.assert_array_equal(values(restored.params)[path], value)
+    assert int(restored.count.value) == 1
