@@ -300,8 +300,16 @@ def test_dot_product_attention_errors():
         dot_product_attention(q, k[:1], v[:1])
     with pytest.raises(ValueError, match="key and value must have the same length"):
         dot_product_attention(q, k, v[:, :4])
-    with pytest.raises(ValueError, match="same number of heads"):
+    with pytest.raises(ValueError, match="multiple of the number of key/value heads"):
         dot_product_attention(q, k[:, :, :2], v[:, :, :2])
+    with pytest.raises(ValueError, match="key and value must have the same number of heads"):
+        dot_product_attention(q, k, v[:, :, :1])
+    with pytest.raises(TypeError, match="is_causal must be True or False, got 1"):
+        dot_product_attention(q, k, v, is_causal=1)
+    with pytest.raises(ValueError, match="implementation must be None, 'einsum', 'xla'"):
+        dot_product_attention(q, k, v, implementation="flash")
+    with pytest.raises(ValueError, match="cannot compute this call: the values' head_dim"):
+        dot_product_attention(q, k, v, implementation="xla")
     with pytest.raises(ValueError, match="query and key must have the same head_dim"):
         dot_product_attention(q, k[..., :3], v)
     with pytest.raises(

@@ -18,6 +18,7 @@ from ._dtypes import at_least_float32, promote_dtype, with_rank
 from ._flat_draws import flat_when_eager
 from ._linear import default_kernel_init, sharded_param
 from ._module import Module
+from ._normalization import LayerNorm
 from ._rngs import as_rngs, forked_rngs
 from ._rotary import RotaryPositionalEmbedding
 
@@ -172,10 +173,16 @@ def _check_qkv(query: jax.Array, key: jax.Array, value: jax.Array) -> None:
         raise ValueError(
             f"dot_product_attention: key and value must have the same length; got {shapes}."
         )
-    if not query.shape[-2] == key.shape[-2] == value.shape[-2]:
+    if key.shape[-2] != value.shape[-2]:
         raise ValueError(
-            "dot_product_attention: query, key and value must have the same number of "
-            f"heads; got {shapes}."
+            "dot_product_attention: key and value must have the same number of heads; got "
+            f"{shapes}."
+        )
+    if query.shape[-2] % key.shape[-2]:
+        raise ValueError(
+            "dot_product_attention: the number of query heads must be a multiple of the "
+            "number of key/value heads (grouped-query attention: each key/value head serves "
+            f"num_heads // num_kv_heads query heads); got {shapes}."
         )
     if query.shape[-1] != key.shape[-1]:
         raise ValueError(
@@ -202,6 +209,118 @@ def _check_broadcasts(name: str, array: Any, target: tuple[int, ...]) -> None:
         )
 
 
+_IMPLEMENTATIONS = (None, "einsum", "xla", "cudnn")
+
+# The dtypes whose softmax jax.nn.dot_product_attention takes in their own precision or
+# wider (it always takes it in float32): float64 inputs keep the einsum path's float64.
+_FUSED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def _why_not_fused(
+    query: jax.Array, key: jax.Array, value: jax.Array, dropping: bool, precision: Any
+) -> str | None:
+    """Why `jax.nn.dot_product_attention` cannot compute this call, or None if it can."""
+    if dropping:
+        return "attention dropout is on (dropout_rate > 0 and deterministic=False)"
+    if precision is not None:
+        return "precision= is given"
+    if value.shape[-1] != key.shape[-1]:
+        return "the values' head_dim differs from the keys'"
+    if query.dtype not in _FUSED_DTYPES:
+        return f"the inputs are {query.dtype} (it takes float32, bfloat16 or float16)"
+    return None
+
+
+def _as_4d(x: Any, batch: tuple[int, ...], tail: int) -> Any:
+    """`x`, of shape `(batch..., *last tail axes)` or broadcastable to it, with its batch
+    axes made one: `jax.nn.dot_product_attention` takes exactly one batch axis."""
+    if x is None:
+        return None
+    x = with_rank(x, len(batch) + tail)
+    lead = x.shape[: x.ndim - tail]
+    if all(n == 1 for n in lead):
+        return jnp.reshape(x, (1, *x.shape[x.ndim - tail :]))
+    x = jnp.broadcast_to(x, (*batch, *x.shape[x.ndim - tail :]))
+    return jnp.reshape(x, (math.prod(batch), *x.shape[len(batch) :]))
+
+
+def _fused_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    bias: Any,
+    mask: Any,
+    is_causal: bool,
+    implementation: str | None,
+) -> jax.Array:
+    """Attention by `jax.nn.dot_product_attention`, with any number of batch axes."""
+    batch = query.shape[:-3]
+    out = jax.nn.dot_product_attention(
+        _as_4d(query, batch, 3),
+        _as_4d(key, batch, 3),
+        _as_4d(value, batch, 3),
+        _as_4d(bias, batch, 3),
+        _as_4d(mask, batch, 3),
+        is_causal=is_causal,
+        implementation=implementation,
+    )
+    return jnp.reshape(out, query.shape)
+
+
+def _einsum_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    bias: Any,
+    mask: Any,
+    is_causal: bool,
+    dropout: tuple[jax.Array, float, bool] | None,
+    precision: Any,
+) -> jax.Array:
+    """Attention by explicit einsums and softmax, computed as the XLA implementation of
+    `jax.nn.dot_product_attention` computes it (logits in at least float32, scaled after
+    the product, masked with -0.7 * the largest float, softmax in the logits' dtype,
+    weights cast back), so that the two paths give the same numbers."""
+    dtype = query.dtype
+    *batch, q_length, num_heads, depth = query.shape
+    kv_length, num_kv_heads = key.shape[-3], key.shape[-2]
+    groups = num_heads // num_kv_heads
+    logits_dtype = at_least_float32(dtype)
+    # Query head h belongs to key/value head h // groups: group the query heads instead of
+    # repeating the keys and values.
+    grouped = jnp.reshape(query, (*batch, q_length, num_kv_heads, groups, depth))
+    logits = jnp.einsum(
+        "...qhgd,...khd->...hgqk",
+        grouped,
+        key,
+        precision=precision,
+        preferred_element_type=logits_dtype,
+    )
+    logits = logits * jnp.asarray(1.0 / np.sqrt(depth), logits_dtype)
+    logits = jnp.reshape(logits, (*batch, num_heads, q_length, kv_length))
+    if bias is not None:
+        logits = logits + with_rank(jnp.asarray(bias).astype(logits_dtype), logits.ndim)
+    if is_causal:
+        causal = jnp.tril(jnp.ones((q_length, kv_length), bool))
+        if mask is None:
+            mask = causal
+        else:
+            mask = with_rank(mask, max(mask.ndim, 2))
+            mask = jnp.logical_and(mask, with_rank(causal, mask.ndim))
+    if mask is not None:
+        large_negative = jnp.asarray(-0.7 * jnp.finfo(logits_dtype).max, logits_dtype)
+        logits = jnp.where(with_rank(mask, logits.ndim), logits, large_negative)
+    weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
+    if dropout is not None:
+        dropout_rng, dropout_rate, broadcast_dropout = dropout
+        # One mask for every batch entry and head: broadcast over all but (q, k).
+        broadcast_dims = range(weights.ndim - 2) if broadcast_dropout else ()
+        weights = drop(dropout_rng, weights, dropout_rate, broadcast_dims)
+    weights = jnp.reshape(weights, (*batch, num_kv_heads, groups, q_length, kv_length))
+    out = jnp.einsum("...hgqk,...khd->...qhgd", weights, value, precision=precision)
+    return jnp.reshape(out, (*batch, q_length, num_heads, value.shape[-1]))
+
+
 def dot_product_attention(
     query: jax.Array,
     key: jax.Array,
@@ -214,21 +333,36 @@ def dot_product_attention(
     deterministic: bool = False,
     dtype: Any = None,
     precision: Any = None,
+    is_causal: bool = False,
+    implementation: str | None = None,
 ) -> jax.Array:
     """Scaled dot-product attention, each head separately: `softmax(q k^T / sqrt(d)) v`.
 
     For each head, the weights of query position `i` over key positions `j` are the
     softmax over `j` of `q_i . k_j / sqrt(head_dim) + bias`, taken where `mask` is
     nonzero (masked positions get weight 0; a row masked everywhere gets uniform
-    weights). The softmax is computed in at least float32. In training
-    (`deterministic=False` with `dropout_rate > 0`), weights are dropped with probability
-    `dropout_rate` and the rest scaled by `1 / (1 - dropout_rate)`.
+    weights). The logits and the softmax are computed in at least float32, the weights
+    then cast to the inputs' dtype. In training (`deterministic=False` with
+    `dropout_rate > 0`), weights are dropped with probability `dropout_rate` and the rest
+    scaled by `1 / (1 - dropout_rate)`.
+
+    Grouped-query attention: `key` and `value` may have fewer heads than `query`
+    (`num_kv_heads` dividing `num_heads`); query head `h` then attends with key/value head
+    `h // (num_heads // num_kv_heads)`, as in `jax.nn.dot_product_attention`. One
+    key/value head is multi-query attention.
+
+    Which computation runs: `jax.nn.dot_product_attention` (which lets XLA pick the
+    kernel, fused on GPU where available) whenever it can compute the call, that is
+    without attention dropout, without `precision=`, with values of the keys' head_dim
+    and float32, bfloat16 or float16 inputs; otherwise explicit einsums and softmax,
+    computed the same way (both give the same numbers). `implementation=` chooses.
 
     Arguments:
         query: `(batch..., q_length, num_heads, head_dim)`.
-        key: `(batch..., kv_length, num_heads, head_dim)`.
-        value: `(batch..., kv_length, num_heads, v_head_dim)`. The batch axes (any number,
-            none included) must be the same for all three.
+        key: `(batch..., kv_length, num_kv_heads, head_dim)`, `num_kv_heads` dividing
+            `num_heads`.
+        value: `(batch..., kv_length, num_kv_heads, v_head_dim)`. The batch axes (any
+            number, none included) must be the same for all three.
         bias: added to the attention logits; broadcastable to
             `(batch..., num_heads, q_length, kv_length)`.
         mask: where attention is allowed (True or nonzero); broadcastable to the same.
@@ -238,16 +372,23 @@ def dot_product_attention(
         deterministic: no dropout.
         dtype: the dtype to compute in (None: promote the inputs').
         precision: the matmul precision (`jax.lax.Precision`), or None.
+        is_causal: query position `i` attends to key positions `j <= i` only (counted
+            from the start of both, as `jax.nn.dot_product_attention` does), together
+            with `mask`.
+        implementation: None (the default: `jax.nn.dot_product_attention` where it can
+            compute the call, else einsums), `"einsum"` (always the explicit einsums),
+            or `"xla"`/`"cudnn"` (`jax.nn.dot_product_attention` with that
+            implementation; an error where it cannot compute the call).
 
     Returns:
         The attended values, `(batch..., q_length, num_heads, v_head_dim)`.
 
     Examples:
         >>> import jax.numpy as jnp
-        >>> from pytree_nn import dot_product_attention, make_causal_mask
-        >>> q = k = v = jnp.ones((2, 5, 4, 8))  # (batch, length, num_heads, head_dim)
-        >>> mask = make_causal_mask(jnp.zeros((2, 5)))  # (2, 1, 5, 5)
-        >>> dot_product_attention(q, k, v, mask=mask).shape
+        >>> from pytree_nn import dot_product_attention
+        >>> q = jnp.ones((2, 5, 4, 8))  # (batch, length, num_heads, head_dim)
+        >>> kv = jnp.ones((2, 5, 2, 8))  # two key/value heads, each for two query heads
+        >>> dot_product_attention(q, kv, kv, is_causal=True).shape
         (2, 5, 4, 8)
     """
     query, key, value = promote_dtype(query, key, value, dtype=dtype)
@@ -263,9 +404,19 @@ def dot_product_attention(
         _check_broadcasts("bias", bias, weights_shape)
     if mask is not None:
         _check_broadcasts("mask", mask, weights_shape)
+        mask = jnp.asarray(mask).astype(bool)
+    if not isinstance(is_causal, bool):
+        raise TypeError(
+            f"dot_product_attention: is_causal must be True or False, got {is_causal!r}."
+        )
     if isinstance(dropout_rate, bool) or not 0.0 <= dropout_rate <= 1.0:
         raise ValueError(
             f"dot_product_attention: dropout_rate must be a number in [0, 1], got {dropout_rate!r}."
+        )
+    if implementation not in _IMPLEMENTATIONS:
+        raise ValueError(
+            "dot_product_attention: implementation must be None, 'einsum', 'xla' or "
+            f"'cudnn', got {implementation!r}."
         )
     dropping = not deterministic and dropout_rate > 0.0
     if dropping and dropout_rng is None:
@@ -273,24 +424,21 @@ def dot_product_attention(
             "dot_product_attention needs dropout_rng=<a PRNG key> to drop attention weights "
             "(dropout_rate > 0 and deterministic=False); pass a key, or deterministic=True."
         )
-
-    depth = query.shape[-1]
-    query = query / jnp.sqrt(jnp.asarray(depth, dtype))
-    logits = jnp.einsum("...qhd,...khd->...hqk", query, key, precision=precision)
-    if bias is not None:
-        logits = logits + with_rank(jnp.asarray(bias, dtype), logits.ndim)
-    if mask is not None:
-        mask = with_rank(jnp.asarray(mask, bool), logits.ndim)
-        logits = jnp.where(mask, logits, jnp.finfo(dtype).min)
-    softmax_dtype = at_least_float32(dtype)
-    weights = jax.nn.softmax(logits.astype(softmax_dtype), axis=-1).astype(dtype)
-
-    if dropping:
-        # One mask for every batch entry and head: broadcast over all but (q, k).
-        broadcast_dims = range(weights.ndim - 2) if broadcast_dropout else ()
-        weights = drop(dropout_rng, weights, dropout_rate, broadcast_dims)
-
-    return jnp.einsum("...hqk,...khd->...qhd", weights, value, precision=precision)
+    if implementation != "einsum":
+        why_not = _why_not_fused(query, key, value, dropping, precision)
+        if why_not is None:
+            logits_dtype = at_least_float32(dtype)
+            if bias is not None:
+                bias = jnp.asarray(bias).astype(logits_dtype)
+            return _fused_attention(query, key, value, bias, mask, is_causal, implementation)
+        if implementation is not None:
+            raise ValueError(
+                f"dot_product_attention: implementation={implementation!r} runs "
+                f"jax.nn.dot_product_attention, which cannot compute this call: {why_not}. "
+                "Leave implementation=None to fall back to the einsum path."
+            )
+    dropout = (dropout_rng, dropout_rate, broadcast_dropout) if dropping else None
+    return _einsum_attention(query, key, value, bias, mask, is_causal, dropout, precision)
 
 
 def _check_positions(name: str, positions: Any, target: tuple[int, ...]) -> None:
@@ -405,10 +553,21 @@ class HeadProjection(Module):
 class MultiHeadAttention(Module):
     """Multi-head dot-product attention, with Flax NNX's arguments and parameters.
 
-    The inputs are projected per head (`query`, `key` and `value`, kernels of shape
-    `(in_features, num_heads, head_dim)` with `head_dim = qkv_features // num_heads`),
-    attended with `attention_fn` (by default `dot_product_attention`), and the heads
-    merged by `out` (kernel `(num_heads, head_dim, out_features)`).
+    The inputs are projected per head (`query`, kernel of shape
+    `(in_features, num_heads, head_dim)` with `head_dim = qkv_features // num_heads`;
+    `key` and `value`, kernels `(in_kv_features, num_kv_heads, head_dim)`), attended
+    with `attention_fn` (by default `dot_product_attention`), and the heads merged by
+    `out` (kernel `(num_heads, head_dim, out_features)`).
+
+    Grouped-query attention: `num_kv_heads` (a divisor of `num_heads`, by default
+    `num_heads`) key/value heads, each shared by `num_heads // num_kv_heads` query heads;
+    `num_kv_heads=1` is multi-query attention. The key/value projections and the decoding
+    cache are sized for `num_kv_heads` heads.
+
+    `normalize_qk=True` layer-normalizes each projected query and key head (over
+    `head_dim`, epsilon 1e-6, no centring bias: `LayerNorm`s `query_ln` and `key_ln` with
+    a `scale` of shape `(head_dim,)`) before rotary embeddings and attention, as in
+    ViT-22B (arxiv.org/abs/2302.05442).
 
     Call it as `att(inputs_q)` for self-attention, or `att(inputs_q, inputs_k, inputs_v)`
     for cross-attention (`inputs_k` defaults to `inputs_q`, `inputs_v` to `inputs_k`);
@@ -419,9 +578,9 @@ class MultiHeadAttention(Module):
 
     Attention dropout (when `dropout_rate > 0`) draws keys from a stream of the layer's
     own, forked from the `dropout` stream of `rngs` after the parameters are drawn (as
-    Flax NNX does; kept at `.rngs.default`), or from the `dropout` stream of `rngs=` given
-    to the call; it is off in evaluation mode (`deterministic=True`, set by
-    `Module.eval()`).
+    Flax NNX does; kept at `.rngs.default`; not kept with `keep_rngs=False`), or from the
+    `dropout` stream of `rngs=` given to the call; it is off in evaluation mode
+    (`deterministic=True`, set by `Module.eval()`).
 
     Autoregressive decoding: `init_cache(input_shape)` makes `Cache` Variables
     (`cached_key`, `cached_value`, `cache_index`); each call in decode mode then takes the
@@ -442,15 +601,14 @@ class MultiHeadAttention(Module):
     index, rotates the new positions correctly, and so that a model built once applies it
     on every call.
 
-    Flax NNX's `num_kv_heads` (grouped-query attention) and `normalize_qk` (layer-normed
-    queries and keys) are not offered; a custom `attention_fn` can implement the latter.
-
     Arguments:
         num_heads: the number of heads; it must divide `qkv_features`.
         in_features: the size of `inputs_q`'s last axis.
         qkv_features: the total size of the queries, keys and values over all heads
             (default `in_features`).
         out_features: the size of the output's last axis (default `in_features`).
+        num_kv_heads: the number of key/value heads (default `num_heads`); it must
+            divide `num_heads` (see above).
         in_kv_features: the size of `inputs_k`'s and `inputs_v`'s last axis (default
             `in_features`).
         dtype: the dtype to compute in (None: promote the inputs' and parameters').
@@ -462,18 +620,22 @@ class MultiHeadAttention(Module):
         kernel_init: initializer of the `query`, `key` and `value` kernels (and of `out`'s
             unless `out_kernel_init` is given), seen as `(fan_in, fan_out)` matrices.
         out_kernel_init: initializer of the `out` kernel (None: `kernel_init`).
-        bias_init: initializer of the biases.
+        bias_init: initializer of the biases (and of `out`'s unless `out_bias_init` is
+            given).
+        out_bias_init: initializer of the `out` bias (None: `bias_init`).
         use_bias: whether the projections have biases.
         attention_fn: called as `attention_fn(query, key, value, mask=, dropout_rng=,
             dropout_rate=, broadcast_dropout=, deterministic=, dtype=, precision=)` on the
-            projected `(batch..., length, num_heads, head_dim)` arrays.
+            projected `(batch..., length, heads, head_dim)` arrays (keys and values with
+            `num_kv_heads` heads), and with `is_causal=True` too when a call asks for it.
         decode: start in decode mode (see above; `init_cache` first).
+        normalize_qk: layer-normalize the query and key heads (see above).
         rotary: a `RotaryPositionalEmbedding` of size `head_dim` (see above), or None for
             no position information in the layer. Any Module called as
             `rotary(heads, positions)` on arrays `(batch..., num_heads, length, head_dim)`
             is accepted too (e.g. a variant that rotates part of each head).
         qkv_kernel_sharding: the mesh axes of the `query`, `key` and `value` kernels
-            `(in_features, num_heads, head_dim)`, e.g. `(None, "model", None)` to split
+            `(in_features, heads, head_dim)`, e.g. `(None, "model", None)` to split
             the heads (tensor parallelism); stored as their `sharding` metadata.
         qkv_bias_sharding: the mesh axes of their biases `(num_heads, head_dim)`.
         out_kernel_sharding: the mesh axes of the `out` kernel
@@ -481,6 +643,8 @@ class MultiHeadAttention(Module):
         out_bias_sharding: the mesh axes of its bias `(out_features,)`.
         rngs: an `Rngs`, a PRNG key or an int seed (parameters from its `params` stream;
             the dropout stream forked from its `dropout` stream).
+        keep_rngs: keep that forked dropout stream (as `.rngs`); with False the layer
+            holds no random state, and calls with dropout need `rngs=`.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -495,6 +659,11 @@ class MultiHeadAttention(Module):
         >>> rope = MultiHeadAttention(2, 8, rotary=RotaryPositionalEmbedding(4), rngs=0)
         >>> rope(x, positions=jnp.arange(10, 15)).shape
         (3, 5, 8)
+        >>> gqa = MultiHeadAttention(4, 8, num_kv_heads=2, normalize_qk=True, rngs=0)
+        >>> gqa.key.kernel.value.shape, gqa.query_ln.scale.value.shape
+        ((8, 2, 2), (2,))
+        >>> gqa(x, is_causal=True).shape
+        (3, 5, 8)
     """
 
     def __init__(
@@ -503,6 +672,7 @@ class MultiHeadAttention(Module):
         in_features: int,
         qkv_features: int | None = None,
         out_features: int | None = None,
+        num_kv_heads: int | None = None,
         *,
         in_kv_features: int | None = None,
         dtype: Any = None,
@@ -514,22 +684,27 @@ class MultiHeadAttention(Module):
         kernel_init: initializers.Initializer = default_kernel_init,
         out_kernel_init: initializers.Initializer | None = None,
         bias_init: initializers.Initializer = initializers.zeros,
+        out_bias_init: initializers.Initializer | None = None,
         use_bias: bool = True,
         attention_fn: Callable[..., jax.Array] = dot_product_attention,
         decode: bool = False,
+        normalize_qk: bool = False,
         rotary: Module | None = None,
         qkv_kernel_sharding: Sequence[Any] | None = None,
         qkv_bias_sharding: Sequence[Any] | None = None,
         out_kernel_sharding: Sequence[Any] | None = None,
         out_bias_sharding: Sequence[Any] | None = None,
         rngs: Any = None,
+        keep_rngs: bool = True,
     ):
         qkv_features = in_features if qkv_features is None else qkv_features
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         out_features = in_features if out_features is None else out_features
         in_kv_features = in_features if in_kv_features is None else in_kv_features
         check_features(
             "MultiHeadAttention",
             num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
             in_features=in_features,
             qkv_features=qkv_features,
             out_features=out_features,
@@ -542,6 +717,16 @@ class MultiHeadAttention(Module):
                 "features). Pick qkv_features as a multiple of num_heads, e.g. "
                 f"qkv_features={num_heads * max(1, qkv_features // num_heads)}."
             )
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"MultiHeadAttention: num_kv_heads={num_kv_heads} must divide "
+                f"num_heads={num_heads} (each key/value head serves num_heads // "
+                "num_kv_heads query heads). Pick a divisor of num_heads, e.g. "
+                f"num_kv_heads={math.gcd(num_heads, num_kv_heads)}."
+            )
+        for name, flag in (("normalize_qk", normalize_qk), ("keep_rngs", keep_rngs)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"MultiHeadAttention: {name} must be True or False, got {flag!r}.")
         if (
             isinstance(dropout_rate, bool)
             or not isinstance(dropout_rate, int | float)
@@ -581,7 +766,11 @@ class MultiHeadAttention(Module):
         rngs = as_rngs(rngs, "MultiHeadAttention")
 
         def projection(
-            in_shape: tuple[int, ...], out_shape: tuple[int, ...], init: Any, of: str
+            in_shape: tuple[int, ...],
+            out_shape: tuple[int, ...],
+            init: Any,
+            of: str,
+            bias_init: Any = bias_init,
         ) -> HeadProjection:
             return HeadProjection(
                 in_shape,
@@ -597,12 +786,27 @@ class MultiHeadAttention(Module):
                 rngs=rngs,
             )
 
-        heads = (num_heads, head_dim)
+        heads, kv_heads = (num_heads, head_dim), (num_kv_heads, head_dim)
         self.query = projection((in_features,), heads, kernel_init, "qkv")
-        self.key = projection((in_kv_features,), heads, kernel_init, "qkv")
-        self.value = projection((in_kv_features,), heads, kernel_init, "qkv")
-        self.out = projection(heads, (out_features,), out_kernel_init or kernel_init, "out")
+        self.key = projection((in_kv_features,), kv_heads, kernel_init, "qkv")
+        self.value = projection((in_kv_features,), kv_heads, kernel_init, "qkv")
+        if normalize_qk:
+            # Drawn between the value and out projections, as Flax NNX draws them.
+            self.query_ln = self._head_norm(head_dim, dtype, param_dtype, rngs)
+            self.key_ln = self._head_norm(head_dim, dtype, param_dtype, rngs)
+        else:
+            self.query_ln = data(None)
+            self.key_ln = data(None)
+        self.out = projection(
+            heads,
+            (out_features,),
+            out_kernel_init or kernel_init,
+            "out",
+            bias_init=out_bias_init or bias_init,
+        )
         self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.normalize_qk = normalize_qk
         self.in_features = in_features
         self.qkv_features = qkv_features
         self.out_features = out_features
@@ -618,12 +822,16 @@ class MultiHeadAttention(Module):
         self.attention_fn = attention_fn
         self.decode = decode
         self.rotary = rotary
-        self.rngs = data(
-            forked_rngs(rngs, "dropout", "MultiHeadAttention") if dropout_rate > 0 else None
-        )
+        keep = keep_rngs and dropout_rate > 0
+        self.rngs = data(forked_rngs(rngs, "dropout", "MultiHeadAttention") if keep else None)
         self.cached_key = data(None)
         self.cached_value = data(None)
         self.cache_index = data(None)
+
+    @staticmethod
+    def _head_norm(head_dim: int, dtype: Any, param_dtype: Any, rngs: Any) -> LayerNorm:
+        """The layer norm of each query or key head (`normalize_qk`): a `scale` only."""
+        return LayerNorm(head_dim, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(
         self,
@@ -635,6 +843,7 @@ class MultiHeadAttention(Module):
         deterministic: bool | None = None,
         rngs: Any = None,
         decode: bool | None = None,
+        is_causal: bool = False,
         positions: Any = None,
         kv_positions: Any = None,
     ) -> jax.Array:
@@ -652,6 +861,10 @@ class MultiHeadAttention(Module):
             rngs: dropout keys for this call (an `Rngs`, `RngStream`, key or seed)
                 instead of the layer's own stream.
             decode: override the layer's `decode` for this call.
+            is_causal: query position `i` attends to key positions `j <= i` only (with
+                `mask`), passed on to `attention_fn` as `is_causal=True`, which lets
+                fused kernels skip the masked half. Decode mode is causal already, and
+                ignores it.
             positions: with `rotary`, the positions of the queries, broadcastable to
                 `(batch..., q_length)` (default `0, 1, ...`; in decode mode
                 `cache_index + 0, 1, ...`).
@@ -662,6 +875,10 @@ class MultiHeadAttention(Module):
         Returns:
             `(batch..., q_length, out_features)`.
         """
+        if not isinstance(is_causal, bool):
+            raise TypeError(
+                f"MultiHeadAttention: is_causal must be True or False, got {is_causal!r}."
+            )
         if inputs_k is None:
             if inputs_v is not None:
                 raise ValueError(
@@ -675,6 +892,9 @@ class MultiHeadAttention(Module):
         query = self.query(inputs_q)
         key = self.key(inputs_k)
         value = self.value(inputs_v)
+        if self.normalize_qk:
+            query = self.query_ln(query)
+            key = self.key_ln(key)
 
         decoding = self.decode if decode is None else decode
         if self.rotary is not None:
@@ -704,6 +924,9 @@ class MultiHeadAttention(Module):
                 )
             dropout_rng = rngs.dropout()
 
+        # Only asked for: an attention_fn written without is_causal keeps working. In
+        # decode mode the cache's mask is causal already.
+        causal = {"is_causal": True} if is_causal and not decoding else {}
         x = self.attention_fn(
             query,
             key,
@@ -715,6 +938,7 @@ class MultiHeadAttention(Module):
             deterministic=deterministic,
             dtype=self.dtype,
             precision=self.precision,
+            **causal,
         )
         out = self.out(x)
         if overflow is not None:
@@ -795,7 +1019,7 @@ class MultiHeadAttention(Module):
         """Make an empty decoding cache for sequences of shape `input_shape`.
 
         Sets `cached_key` and `cached_value` (`Cache` Variables of shape
-        `(batch..., max_length, num_heads, head_dim)`, zeros) and `cache_index` (a
+        `(batch..., max_length, num_kv_heads, head_dim)`, zeros) and `cache_index` (a
         `Cache` holding the number of positions filled, 0). Call it again to start a new
         sequence.
 
@@ -827,7 +1051,7 @@ class MultiHeadAttention(Module):
                 f"features) with features={self.in_features}, got {shape}: its last entry "
                 "must be the feature size."
             )
-        cache_shape = (*shape[:-1], self.num_heads, self.head_dim)
+        cache_shape = (*shape[:-1], self.num_kv_heads, self.head_dim)
         self.cached_key = Cache(jnp.zeros(cache_shape, dtype))
         self.cached_value = Cache(jnp.zeros(cache_shape, dtype))
         self.cache_index = Cache(jnp.array(0, jnp.int32))
