@@ -317,12 +317,9 @@ def test_decoding_matches_the_causal_forward_pass(heads, kv_heads, extras):
     assert int(att.cache_index.value) == 7
 
     # The cache holds the keys and values of the kv heads (normalized and rotated).
-    project = lambda layer: (
-        jnp.einsum("...f,fhd->...hd", x, layer.kernel.value)
-        + (  # noqa: E731
-            layer.bias.value
-        )
-    )
+    def project(layer):
+        return jnp.einsum("...f,fhd->...hd", x, layer.kernel.value) + layer.bias.value
+
     keys, values = project(att.key), project(att.value)
     if att.normalize_qk:
         keys = reference_layer_norm(keys, att.key_ln.scale.value)

@@ -81,9 +81,7 @@ def test_layer_like_nnx(kwargs):
     if "in_kv_features" not in kwargs:
         assert_close(ours(x, is_causal=True), theirs(x, is_causal=True))
         causal = pnn.make_causal_mask(jnp.zeros((2, 5)))
-        assert_close(
-            ours(x, mask=causal, is_causal=True), theirs(x, mask=causal, is_causal=True)
-        )
+        assert_close(ours(x, mask=causal, is_causal=True), theirs(x, mask=causal, is_causal=True))
 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (4, 2), (4, 1)], ids=str)
@@ -157,7 +155,8 @@ def test_grouped_decoding_like_nnx(kwargs):
 
     ours.init_cache(x.shape)
     theirs.init_cache(x.shape)
-    assert ours.cached_key.value.shape == theirs.cached_key.shape == (2, 6, kwargs["num_kv_heads"], 2)
+    cache_shape = (2, 6, kwargs["num_kv_heads"], 2)
+    assert ours.cached_key.value.shape == theirs.cached_key.shape == cache_shape
     our_step = pg.jit(lambda model, x: model(x, decode=True))
     their_step = nnx.jit(lambda model, x: model(x, decode=True))
     our_steps = []
