@@ -336,7 +336,9 @@ class TiedBlocks(Module):
     """One grouped-query attention layer applied twice."""
 
     def __init__(self):
-        self.first = MultiHeadAttention(4, 8, num_kv_heads=2, normalize_qk=True, rngs=0)
+        self.first = MultiHeadAttention(
+            4, 8, qkv_features=16, num_kv_heads=2, normalize_qk=True, rngs=0
+        )
         self.second = self.first
 
     def __call__(self, x):
@@ -375,5 +377,5 @@ def test_tied_attention_stays_shared():
     after = pg.split(model, Param, ...)[1]
     leaves = zip(*(jax.tree.leaves(t) for t in (grads, expected, before, after)), strict=True)
     for grad, expected_grad, old, new in leaves:
-        assert_close(grad, expected_grad)
-        assert_close(new, old - 0.1 * expected_grad)
+        assert_close(grad, expected_grad, tol=1e-4)
+        assert_close(new, old - 0.1 * expected_grad, tol=1e-4)
