@@ -26,7 +26,13 @@ from . import _noinline_transforms as rules
 from ._errors import check_callable
 from ._method import BindsAsMethod, method_as_pytree, register_wrapper
 from ._noinline_swappable import Swappable
-from ._noinline_trace import executable, rebuild_output, split_call, trace
+from ._noinline_trace import (
+    executable,
+    lower_as_callback,
+    rebuild_output,
+    split_call,
+    trace,
+)
 from ._noinline_transforms import transformed
 
 
@@ -147,23 +153,8 @@ def _abstract_eval(*avals: Any, jaxpr: ClosedJaxpr) -> list[Any]:
 
 
 def _lower(ctx: Any, *args: Any, jaxpr: ClosedJaxpr) -> Any:
-    """A call lowers to a host callback that runs the jaxpr's own executable.
-
-    The callback gets the host buffers as they are and runs the executable on JAX's
-    default device (`jax.pure_callback` would copy every argument to a CPU device first,
-    and run it there).
-    """
-    results, _, keepalive = mlir.emit_python_callback(
-        ctx,
-        executable(jaxpr),
-        None,
-        list(args),
-        ctx.avals_in,
-        ctx.avals_out,
-        has_side_effect=False,
-    )
-    ctx.module_context.add_keepalive(keepalive)
-    return results
+    """A call lowers to a host callback that runs the jaxpr's own executable."""
+    return lower_as_callback(ctx, executable(jaxpr), args)
 
 
 def _bind_with(jaxpr: ClosedJaxpr) -> Any:

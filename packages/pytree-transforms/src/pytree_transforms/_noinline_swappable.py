@@ -25,7 +25,15 @@ from jax.interpreters import ad, batching, mlir
 from pytree_filter import combine, is_array, partition
 
 from . import _noinline_transforms as rules
-from ._noinline_trace import Call, Traced, executable, rebuild_output, split_call, trace
+from ._noinline_trace import (
+    Call,
+    Traced,
+    executable,
+    lower_as_callback,
+    rebuild_output,
+    split_call,
+    trace,
+)
 from ._noinline_transforms import transformed
 
 # The static parts of the functions, by number; a function keeps its number for the life of
@@ -156,17 +164,7 @@ def _abstract_eval(*avals: Any, call: Call, abstract: Traced, transforms: tuple)
 
 
 def _lower(ctx: Any, *args: Any, call: Call, abstract: Traced, transforms: tuple) -> Any:
-    results, _, keepalive = mlir.emit_python_callback(
-        ctx,
-        functools.partial(_run, call, abstract, transforms),
-        None,
-        list(args),
-        ctx.avals_in,
-        ctx.avals_out,
-        has_side_effect=False,
-    )
-    ctx.module_context.add_keepalive(keepalive)
-    return results
+    return lower_as_callback(ctx, functools.partial(_run, call, abstract, transforms), args)
 
 
 def _bind_with(number: Any, call: Call, abstract: Traced, transforms: tuple) -> Any:

@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
+from jax.interpreters import mlir
 
 from pytree_filter import is_array
 
@@ -131,3 +132,14 @@ def trace(call: Call, target: Callable[..., Any] = call_function) -> Traced:
 def executable(jaxpr: ClosedJaxpr) -> Callable[..., Any]:
     """The jaxpr as a jitted function: traced from the jaxpr, compiled on first use."""
     return jax.jit(jaxpr_as_fun(jaxpr))
+
+
+def lower_as_callback(ctx: Any, callback: Callable[..., Any], args: Any) -> Any:
+    """Lower a call to a host callback that runs `callback` on the host buffers as they
+    are: it runs its executable on JAX's default device (`jax.pure_callback` would copy
+    every argument to a CPU device first, and run it there)."""
+    results, _, keepalive = mlir.emit_python_callback(
+        ctx, callback, None, list(args), ctx.avals_in, ctx.avals_out, has_side_effect=False
+    )
+    ctx.module_context.add_keepalive(keepalive)
+    return results
