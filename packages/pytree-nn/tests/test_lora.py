@@ -166,7 +166,9 @@ def test_linear_arguments_pass_through():
     assert isinstance(layer, Linear)
     assert layer.bias is None and layer.kernel.value.dtype == jnp.bfloat16
     assert np.array_equal(layer.kernel.value, np.ones((4, 3)))
-    with pytest.raises(TypeError, match="unexpected keyword argument 'use_biass'"):
+    with pytest.raises(
+        TypeError, match=r"LoRALinear got unexpected keyword argument\(s\) use_biass: .*use_bias\."
+    ):
         LoRALinear(4, 3, lora_rank=2, use_biass=False, rngs=0)
 
 
@@ -450,6 +452,21 @@ def test_bad_metadata_is_refused():
         LoRALinear(3, 4, lora_rank=2, b_metadata={1: None}, rngs=0)
 
 
+def test_linear_arguments_are_checked_under_lora_linears_name_before_any_draw():
+    rngs = Rngs(0)
+    with pytest.raises(
+        TypeError,
+        match=r"LoRALinear got unexpected keyword argument\(s\) "
+        r"bias, lora_alpha: .* it takes Linear's: bias_init, .*use_bias\.",
+    ):
+        LoRALinear(3, 4, lora_rank=2, bias=True, lora_alpha=2.0, rngs=rngs)
+    with pytest.raises(TypeError, match=r"LoRALinear: use_bias must be True or False, got 3"):
+        LoRALinear(3, 4, lora_rank=2, use_bias=3, rngs=rngs)
+    with pytest.raises(ValueError, match=r"LoRALinear: kernel_sharding has 3 entries"):
+        LoRALinear(3, 4, lora_rank=2, kernel_sharding=("a", "b", "c"), rngs=rngs)
+    assert int(rngs.params.count.value) == 0
+
+
 def test_lora_needs_rngs():
     with pytest.raises(TypeError, match=r"LoRA needs `rngs=`"):
         LoRA(3, 2, 4)
@@ -467,5 +484,5 @@ def test_call_errors_name_what_is_wrong():
     with pytest.raises(ValueError, match=r"LoRA.lora_a has shape \(3, 5\).*\(3, 2\)"):
         adapter(jnp.ones((2, 3)))
     layer = LoRALinear(3, 4, lora_rank=2, rngs=0)
-    with pytest.raises(ValueError, match=r"Linear expects inputs whose last dimension"):
+    with pytest.raises(ValueError, match=r"LoRALinear expects inputs whose last dimension"):
         layer(jnp.ones((2, 5)))

@@ -13,21 +13,12 @@ from jax import lax
 from . import initializers
 from ._checks import check_sharding, check_weight
 from ._dtypes import add_bias, check_preferred_element_type, promote_dtype
-from ._flat_draws import flat_when_eager
-from ._linear import default_kernel_init, sharded_param
+from ._linear import default_kernel_init, draw, sharded_param
 from ._module import Module
 from ._rngs import as_rngs
 
 _LETTERS = frozenset(string.ascii_letters)
 _EXAMPLE = "e.g. 'btd,dh->bth' (input subscripts, a comma, the kernel's, '->', the output's)"
-
-
-def _draw(init: Any, key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
-    """`init(key, shape, dtype)`, zeros where the shape is empty (nothing to draw, and fan-in
-    scaled initializers would divide by a zero fan-in)."""
-    if math.prod(shape) == 0:
-        return jnp.zeros(shape, dtype)
-    return init(flat_when_eager(key), shape, dtype)
 
 
 def _shape(layer: str, name: str, shape: Any) -> tuple[int, ...]:
@@ -232,12 +223,12 @@ class Einsum(Module):
                 "Einsum", "bias_sharding", bias_sharding, len(bias_shape)
             )
         rngs = as_rngs(rngs, "Einsum")
-        kernel = _draw(kernel_init, rngs.params(), kernel_shape, param_dtype)
+        kernel = draw(kernel_init, rngs.params(), kernel_shape, param_dtype)
         self.kernel = sharded_param(kernel, kernel_sharding)
         if bias_shape is None:
             self.bias = None
         else:
-            bias = _draw(bias_init, rngs.params(), bias_shape, param_dtype)
+            bias = draw(bias_init, rngs.params(), bias_shape, param_dtype)
             self.bias = sharded_param(bias, bias_sharding)
         self.einsum_str = einsum_str
         self.kernel_shape = kernel_shape
@@ -489,11 +480,11 @@ class LinearGeneral(Module):
         # NNX draws the kernel as a matrix of (all inputs, all outputs) and reshapes it, so
         # that the initializer's fans are the total sizes (not those of the last two axes).
         flat = (math.prod(batch_shape) * math.prod(in_features), math.prod(out_features))
-        kernel = _draw(kernel_init, rngs.params(), flat, param_dtype).reshape(kernel_shape)
+        kernel = draw(kernel_init, rngs.params(), flat, param_dtype).reshape(kernel_shape)
         self.kernel = sharded_param(kernel, kernel_sharding)
         if use_bias:
             flat_bias = (math.prod(bias_shape),)
-            bias = _draw(bias_init, rngs.params(), flat_bias, param_dtype).reshape(bias_shape)
+            bias = draw(bias_init, rngs.params(), flat_bias, param_dtype).reshape(bias_shape)
             self.bias = sharded_param(bias, bias_sharding)
         else:
             self.bias = None

@@ -39,6 +39,16 @@ def sharded_param(
     )
 
 
+def draw(
+    init: initializers.Initializer, key: jax.Array, shape: tuple[int, ...], dtype: Any
+) -> jax.Array:
+    """`init(key, shape, dtype)`, or zeros where the shape is empty: there is nothing to
+    draw, and fan-in scaled initializers would divide by a zero fan-in."""
+    if math.prod(shape) == 0:
+        return jnp.zeros(shape, dtype)
+    return init(flat_when_eager(key), shape, dtype)
+
+
 def kernel_and_bias(
     layer: str,
     kernel_init: initializers.Initializer,
@@ -66,18 +76,13 @@ def kernel_and_bias(
     bias_sharding, bias_metadata = check_metadata(
         layer, "bias_metadata", bias_metadata, "bias_sharding", bias_sharding, 1
     )
-    kernel_key = rngs.params()
-    if math.prod(kernel_shape) == 0:
-        # An empty kernel (no input features) has nothing to draw, and fan-in scaled
-        # initializers would divide by its zero fan-in. Its key is drawn all the same, so
-        # the bias gets the key it would get in any other layer.
-        value = jnp.zeros(kernel_shape, param_dtype)
-    else:
-        value = kernel_init(flat_when_eager(kernel_key), kernel_shape, param_dtype)
+    # An empty kernel's key is drawn all the same, so that the bias gets the key it would
+    # get in any other layer.
+    value = draw(kernel_init, rngs.params(), kernel_shape, param_dtype)
     kernel = sharded_param(value, kernel_sharding, kernel_metadata)
     if not use_bias:
         return kernel, None
-    bias_value = bias_init(flat_when_eager(rngs.params()), (out_features,), param_dtype)
+    bias_value = draw(bias_init, rngs.params(), (out_features,), param_dtype)
     bias = sharded_param(bias_value, bias_sharding, bias_metadata)
     return kernel, bias
 
@@ -170,11 +175,15 @@ class Linear(Module):
     ):
         # Zero features are allowed (as in Equinox): no input features give the bias, no
         # output features an empty output.
-        check_size("Linear", in_features=in_features, out_features=out_features)
-        check_preferred_element_type("Linear", preferred_element_type)
-        rngs = as_rngs(rngs, "Linear")
+        # Errors name the class made (a subclass such as LoRALinear shares these checks).
+        layer = type(self).__name__
+        check_size(layer, in_features=in_features, out_features=out_features)
+        check_preferred_element_type(layer, preferred_element_type)
+        if not isinstance(use_bias, bool):
+            raise TypeError(f"{layer}: use_bias must be True or False, got {use_bias!r}.")
+        rngs = as_rngs(rngs, layer)
         self.kernel, self.bias = kernel_and_bias(
-            "Linear",
+            layer,
             kernel_init,
             bias_init,
             (_features(in_features), _features(out_features)),
@@ -214,7 +223,14 @@ class Linear(Module):
         if self.in_features == "scalar":
             x = jnp.expand_dims(jnp.asarray(x), -1)
         else:
-            check_input("Linear", x, -1, self.in_features, "in_features", _local(kernel, 0, self))
+            check_input(
+                type(self).__name__,
+                x,
+                -1,
+                self.in_features,
+                "in_features",
+                _local(kernel, 0, self),
+            )
         bias = self.bias.value if self.bias is not None else None
         x, kernel, bias = promote_dtype(x, kernel, bias, dtype=self.dtype)
         scalar_out = self.out_features == "scalar"

@@ -1,5 +1,6 @@
 """Low-rank adapters (LoRA): `LoRAParam`, `LoRA` and `LoRALinear`, as in Flax NNX."""
 
+import inspect
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -172,6 +173,15 @@ class LoRA(Module):
         return y
 
 
+# The keyword arguments LoRALinear passes on to Linear.
+_LINEAR_KEYWORDS = frozenset(inspect.signature(Linear.__init__).parameters) - {
+    "self",
+    "in_features",
+    "out_features",
+    "rngs",
+}
+
+
 class LoRALinear(Linear):
     """A `Linear` whose output gets a low-rank adapter's added: `x @ kernel + bias +
     x @ lora_a @ lora_b`.
@@ -228,6 +238,14 @@ class LoRALinear(Linear):
     ):
         # Everything is checked before the Linear draws its keys, so a bad argument leaves
         # the Rngs as it was.
+        unknown = sorted(set(kwargs) - _LINEAR_KEYWORDS)
+        if unknown:
+            raise TypeError(
+                f"LoRALinear got unexpected keyword argument(s) {', '.join(unknown)}: besides "
+                "the adapter's (lora_rank, lora_dtype, lora_param_dtype, a_initializer, "
+                "b_initializer, lora_param_type, a_metadata, b_metadata) it takes Linear's: "
+                f"{', '.join(sorted(_LINEAR_KEYWORDS))}."
+            )
         check_features(
             "LoRALinear", in_features=in_features, out_features=out_features, lora_rank=lora_rank
         )

@@ -167,7 +167,54 @@ def _promoted(x: jax.Array, scale: Param | None, bias: Param | None, dtype: Any)
     return promote_dtype(x, *values, dtype=dtype)
 
 
-class LayerNorm(Module):
+class _CenteredNorm(Module):
+    """What `LayerNorm` and `InstanceNorm` share: `scale` and `bias` Params, their settings,
+    and normalizing to zero mean and unit variance over the axes a subclass picks."""
+
+    def _build(
+        self,
+        layer: str,
+        num_features: int,
+        epsilon: float,
+        dtype: Any,
+        param_dtype: Any,
+        scale: tuple | None,
+        bias: tuple | None,
+        feature_axes: Axes,
+        axis_name: Any,
+        use_fast_variance: bool,
+        rngs: Any,
+    ) -> None:
+        """Check the constructor's arguments and make the Params; `scale` and `bias` are
+        `(init, sharding, metadata)`, or None for a layer without them."""
+        check_features(layer, num_features=num_features)
+        self.epsilon = check_number(layer, "epsilon", epsilon, 0.0, math.inf)
+        self.feature_axes = _check_axes(layer, "feature_axes", feature_axes)
+        rngs = as_rngs(rngs, layer)
+        self.scale, self.bias = _scale_and_bias(layer, num_features, param_dtype, rngs, scale, bias)
+        self.num_features = num_features
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.use_bias = bias is not None
+        self.use_scale = scale is not None
+        self.axis_name = axis_name
+        self.use_fast_variance = use_fast_variance
+
+    def _normalize_over(
+        self, x: jax.Array, reduction: tuple[int, ...], features: tuple[int, ...]
+    ) -> jax.Array:
+        x, scale, bias = _promoted(x, self.scale, self.bias, self.dtype)
+        mean, variance = _moments(
+            x,
+            reduction,
+            center=True,
+            fast_variance=self.use_fast_variance,
+            axis_name=self.axis_name,
+        )
+        return _normalize(x, mean, variance, scale, bias, features, self.epsilon)
+
+
+class LayerNorm(_CenteredNorm):
     """Layer normalization: normalize each example over its features.
 
     `y = (x - mean) / sqrt(var + epsilon) * scale + bias`, with the mean and variance taken
@@ -233,26 +280,20 @@ class LayerNorm(Module):
         use_fast_variance: bool = True,
         rngs: Any = None,
     ):
-        check_features("LayerNorm", num_features=num_features)
-        self.epsilon = check_number("LayerNorm", "epsilon", epsilon, 0.0, math.inf)
         self.reduction_axes = _check_axes("LayerNorm", "reduction_axes", reduction_axes)
-        self.feature_axes = _check_axes("LayerNorm", "feature_axes", feature_axes)
-        rngs = as_rngs(rngs, "LayerNorm")
-        self.scale, self.bias = _scale_and_bias(
+        self._build(
             "LayerNorm",
             num_features,
+            epsilon,
+            dtype,
             param_dtype,
-            rngs,
             (scale_init, scale_sharding, scale_metadata) if use_scale else None,
             (bias_init, bias_sharding, bias_metadata) if use_bias else None,
+            feature_axes,
+            axis_name,
+            use_fast_variance,
+            rngs,
         )
-        self.num_features = num_features
-        self.dtype = dtype
-        self.param_dtype = param_dtype
-        self.use_bias = use_bias
-        self.use_scale = use_scale
-        self.axis_name = axis_name
-        self.use_fast_variance = use_fast_variance
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Normalize `x`; the result has the shape of `x`."""
@@ -261,15 +302,7 @@ class LayerNorm(Module):
         features = _feature_axes(
             "LayerNorm", "feature_axes", self.feature_axes, shape, self.num_features
         )
-        x, scale, bias = _promoted(x, self.scale, self.bias, self.dtype)
-        mean, variance = _moments(
-            x,
-            reduction,
-            center=True,
-            fast_variance=self.use_fast_variance,
-            axis_name=self.axis_name,
-        )
-        return _normalize(x, mean, variance, scale, bias, features, self.epsilon)
+        return self._normalize_over(x, reduction, features)
 
 
 class RMSNorm(Module):
@@ -504,7 +537,7 @@ class GroupNorm(Module):
         return y.reshape(shape)
 
 
-class InstanceNorm(Module):
+class InstanceNorm(_CenteredNorm):
     """Instance normalization: normalize each example and each channel on its own.
 
     `y = (x - mean) / sqrt(var + epsilon) * scale + bias`, with the mean and variance
@@ -568,25 +601,19 @@ class InstanceNorm(Module):
         use_fast_variance: bool = True,
         rngs: Any = None,
     ):
-        check_features("InstanceNorm", num_features=num_features)
-        self.epsilon = check_number("InstanceNorm", "epsilon", epsilon, 0.0, math.inf)
-        self.feature_axes = _check_axes("InstanceNorm", "feature_axes", feature_axes)
-        rngs = as_rngs(rngs, "InstanceNorm")
-        self.scale, self.bias = _scale_and_bias(
+        self._build(
             "InstanceNorm",
             num_features,
+            epsilon,
+            dtype,
             param_dtype,
-            rngs,
             (scale_init, scale_sharding, scale_metadata) if use_scale else None,
             (bias_init, bias_sharding, bias_metadata) if use_bias else None,
+            feature_axes,
+            axis_name,
+            use_fast_variance,
+            rngs,
         )
-        self.num_features = num_features
-        self.dtype = dtype
-        self.param_dtype = param_dtype
-        self.use_bias = use_bias
-        self.use_scale = use_scale
-        self.axis_name = axis_name
-        self.use_fast_variance = use_fast_variance
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Normalize `x`, of shape `(batch, ...)` with the features on `feature_axes`;
@@ -602,15 +629,7 @@ class InstanceNorm(Module):
                 "a leading batch axis (x[None] for one example), or other feature_axes."
             )
         reduction = tuple(a for a in range(1, len(shape)) if a not in features)
-        x, scale, bias = _promoted(x, self.scale, self.bias, self.dtype)
-        mean, variance = _moments(
-            x,
-            reduction,
-            center=True,
-            fast_variance=self.use_fast_variance,
-            axis_name=self.axis_name,
-        )
-        return _normalize(x, mean, variance, scale, bias, features, self.epsilon)
+        return self._normalize_over(x, reduction, features)
 
 
 class BatchNorm(Module):

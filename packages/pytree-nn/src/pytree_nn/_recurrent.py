@@ -25,20 +25,69 @@ def _orthogonal(key: jax.Array, shape: Any, dtype: Any = jnp.float32) -> jax.Arr
     return initializers.orthogonal()(key, shape, jnp.float32).astype(dtype)
 
 
-def _cell_params(cell: str, shardings: tuple, metadata: tuple) -> list[dict[str, Any]]:
-    """A cell's `Linear` keywords (`kernel_sharding`, `kernel_metadata`, ...) for its input
-    kernels, recurrent kernels and biases, from its `(kernel, recurrent_kernel, bias)`
-    shardings and metadata, checked before its first layer draws a key."""
-    checked = []
-    for name, ndim, sharding, extra in zip(
-        ("kernel", "recurrent_kernel", "bias"), (2, 2, 1), shardings, metadata, strict=True
+class _Projections:
+    """A cell's input and recurrent `Linear`s as its constructor's arguments describe them.
+
+    Every argument is checked when this is made, before the cell draws its first key; then
+    each `input(gates)` / `recurrent(gates)` call draws one `Linear` whose outputs are
+    `gates` blocks of `hidden_features` (side by side, for fused gates), in call order. The
+    bias goes on one side only (`bias_on`): a cell sums the two terms, so a second bias
+    would be a redundant parameter.
+    """
+
+    def __init__(
+        self,
+        cell: str,
+        in_features: int,
+        hidden_features: int,
+        *,
+        bias_on: str,
+        kernel_init: initializers.Initializer,
+        recurrent_kernel_init: initializers.Initializer,
+        bias_init: initializers.Initializer,
+        dtype: Any,
+        param_dtype: Any,
+        shardings: tuple,
+        metadata: tuple,
+        rngs: Any,
     ):
-        sharding, extra = check_metadata(
-            cell, f"{name}_metadata", extra, f"{name}_sharding", sharding, ndim
+        check_features(cell, in_features=in_features, hidden_features=hidden_features)
+        kernel, recurrent, bias = [
+            check_metadata(cell, f"{name}_metadata", extra, f"{name}_sharding", sharding, ndim)
+            for name, ndim, sharding, extra in zip(
+                ("kernel", "recurrent_kernel", "bias"), (2, 2, 1), shardings, metadata, strict=True
+            )
+        ]
+        common = {"dtype": dtype, "param_dtype": param_dtype, "rngs": as_rngs(rngs, cell)}
+        with_bias = {"bias_init": bias_init, "bias_sharding": bias[0], "bias_metadata": bias[1]}
+        self._sides = {
+            "input": (in_features, kernel_init, kernel, bias_on == "input"),
+            "recurrent": (hidden_features, recurrent_kernel_init, recurrent, bias_on != "input"),
+        }
+        self._hidden_features = hidden_features
+        self._common = common
+        self._with_bias = with_bias
+
+    def _draw(self, side: str, gates: int) -> Linear:
+        features, kernel_init, (sharding, extra), biased = self._sides[side]
+        return Linear(
+            features,
+            gates * self._hidden_features,
+            use_bias=biased,
+            kernel_init=kernel_init,
+            kernel_sharding=sharding,
+            kernel_metadata=extra,
+            **(self._with_bias if biased else {}),
+            **self._common,
         )
-        kind = "bias" if name == "bias" else "kernel"
-        checked.append({f"{kind}_sharding": sharding, f"{kind}_metadata": extra})
-    return checked
+
+    def input(self, gates: int = 1) -> Linear:
+        """A `Linear` from `in_features` to `gates * hidden_features`."""
+        return self._draw("input", gates)
+
+    def recurrent(self, gates: int = 1) -> Linear:
+        """A `Linear` from `hidden_features` to `gates * hidden_features`."""
+        return self._draw("recurrent", gates)
 
 
 class _Cell(Module):
@@ -183,42 +232,22 @@ class LSTMCell(_Cell):
         bias_metadata: Mapping[str, Any] | None = None,
         rngs: Any = None,
     ):
-        check_features("LSTMCell", in_features=in_features, hidden_features=hidden_features)
-        kernel, recurrent, bias = _cell_params(
+        layers = _Projections(
             "LSTMCell",
-            (kernel_sharding, recurrent_kernel_sharding, bias_sharding),
-            (kernel_metadata, recurrent_kernel_metadata, bias_metadata),
+            in_features,
+            hidden_features,
+            bias_on="recurrent",
+            kernel_init=kernel_init,
+            recurrent_kernel_init=recurrent_kernel_init,
+            bias_init=bias_init,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            shardings=(kernel_sharding, recurrent_kernel_sharding, bias_sharding),
+            metadata=(kernel_metadata, recurrent_kernel_metadata, bias_metadata),
+            rngs=rngs,
         )
-        rngs = as_rngs(rngs, "LSTMCell")
-
-        def dense_i() -> Linear:
-            # The input and recurrent terms are summed: only the recurrent one has a bias.
-            return Linear(
-                in_features,
-                hidden_features,
-                use_bias=False,
-                kernel_init=kernel_init,
-                dtype=dtype,
-                param_dtype=param_dtype,
-                **kernel,
-                rngs=rngs,
-            )
-
-        def dense_h() -> Linear:
-            return Linear(
-                hidden_features,
-                hidden_features,
-                kernel_init=recurrent_kernel_init,
-                bias_init=bias_init,
-                dtype=dtype,
-                param_dtype=param_dtype,
-                **recurrent,
-                **bias,
-                rngs=rngs,
-            )
-
-        self.ii, self.if_, self.ig, self.io = dense_i(), dense_i(), dense_i(), dense_i()
-        self.hi, self.hf, self.hg, self.ho = dense_h(), dense_h(), dense_h(), dense_h()
+        self.ii, self.if_, self.ig, self.io = [layers.input() for _ in range(4)]
+        self.hi, self.hf, self.hg, self.ho = [layers.recurrent() for _ in range(4)]
         self.in_features = in_features
         self.hidden_features = hidden_features
         self.gate_fn = gate_fn
@@ -338,36 +367,22 @@ class OptimizedLSTMCell(_Cell):
         bias_metadata: Mapping[str, Any] | None = None,
         rngs: Any = None,
     ):
-        name = "OptimizedLSTMCell"
-        check_features(name, in_features=in_features, hidden_features=hidden_features)
-        kernel, recurrent, bias = _cell_params(
-            name,
-            (kernel_sharding, recurrent_kernel_sharding, bias_sharding),
-            (kernel_metadata, recurrent_kernel_metadata, bias_metadata),
-        )
-        rngs = as_rngs(rngs, name)
-        # The input and recurrent terms are summed: only the recurrent one has a bias.
-        self.dense_i = Linear(
+        layers = _Projections(
+            "OptimizedLSTMCell",
             in_features,
-            4 * hidden_features,
-            use_bias=False,
-            kernel_init=kernel_init,
-            dtype=dtype,
-            param_dtype=param_dtype,
-            **kernel,
-            rngs=rngs,
-        )
-        self.dense_h = Linear(
             hidden_features,
-            4 * hidden_features,
-            kernel_init=recurrent_kernel_init,
+            bias_on="recurrent",
+            kernel_init=kernel_init,
+            recurrent_kernel_init=recurrent_kernel_init,
             bias_init=bias_init,
             dtype=dtype,
             param_dtype=param_dtype,
-            **recurrent,
-            **bias,
+            shardings=(kernel_sharding, recurrent_kernel_sharding, bias_sharding),
+            metadata=(kernel_metadata, recurrent_kernel_metadata, bias_metadata),
             rngs=rngs,
         )
+        self.dense_i = layers.input(4)
+        self.dense_h = layers.recurrent(4)
         self.in_features = in_features
         self.hidden_features = hidden_features
         self.gate_fn = gate_fn
@@ -469,34 +484,22 @@ class GRUCell(_Cell):
         bias_metadata: Mapping[str, Any] | None = None,
         rngs: Any = None,
     ):
-        check_features("GRUCell", in_features=in_features, hidden_features=hidden_features)
-        kernel, recurrent, bias = _cell_params(
+        layers = _Projections(
             "GRUCell",
-            (kernel_sharding, recurrent_kernel_sharding, bias_sharding),
-            (kernel_metadata, recurrent_kernel_metadata, bias_metadata),
-        )
-        rngs = as_rngs(rngs, "GRUCell")
-        self.dense_i = Linear(
             in_features,
-            3 * hidden_features,
+            hidden_features,
+            bias_on="input",
             kernel_init=kernel_init,
+            recurrent_kernel_init=recurrent_kernel_init,
             bias_init=bias_init,
             dtype=dtype,
             param_dtype=param_dtype,
-            **kernel,
-            **bias,
+            shardings=(kernel_sharding, recurrent_kernel_sharding, bias_sharding),
+            metadata=(kernel_metadata, recurrent_kernel_metadata, bias_metadata),
             rngs=rngs,
         )
-        self.dense_h = Linear(
-            hidden_features,
-            3 * hidden_features,
-            use_bias=False,
-            kernel_init=recurrent_kernel_init,
-            dtype=dtype,
-            param_dtype=param_dtype,
-            **recurrent,
-            rngs=rngs,
-        )
+        self.dense_i = layers.input(3)
+        self.dense_h = layers.recurrent(3)
         self.in_features = in_features
         self.hidden_features = hidden_features
         self.gate_fn = gate_fn
@@ -601,38 +604,25 @@ class SimpleCell(_Cell):
         bias_metadata: Mapping[str, Any] | None = None,
         rngs: Any = None,
     ):
-        check_features("SimpleCell", in_features=in_features, hidden_features=hidden_features)
         if not isinstance(residual, bool):
             raise TypeError(f"SimpleCell: residual must be True or False, got {residual!r}.")
-        kernel, recurrent, bias = _cell_params(
+        layers = _Projections(
             "SimpleCell",
-            (kernel_sharding, recurrent_kernel_sharding, bias_sharding),
-            (kernel_metadata, recurrent_kernel_metadata, bias_metadata),
-        )
-        rngs = as_rngs(rngs, "SimpleCell")
-        # Drawn in NNX's order: the recurrent kernel first. The input and recurrent terms
-        # are summed: only the input one has a bias.
-        self.dense_h = Linear(
-            hidden_features,
-            hidden_features,
-            use_bias=False,
-            kernel_init=recurrent_kernel_init,
-            dtype=dtype,
-            param_dtype=param_dtype,
-            **recurrent,
-            rngs=rngs,
-        )
-        self.dense_i = Linear(
             in_features,
             hidden_features,
+            bias_on="input",
             kernel_init=kernel_init,
+            recurrent_kernel_init=recurrent_kernel_init,
             bias_init=bias_init,
             dtype=dtype,
             param_dtype=param_dtype,
-            **kernel,
-            **bias,
+            shardings=(kernel_sharding, recurrent_kernel_sharding, bias_sharding),
+            metadata=(kernel_metadata, recurrent_kernel_metadata, bias_metadata),
             rngs=rngs,
         )
+        # Drawn in NNX's order: the recurrent kernel first.
+        self.dense_h = layers.recurrent()
+        self.dense_i = layers.input()
         self.in_features = in_features
         self.hidden_features = hidden_features
         self.residual = residual
