@@ -15,18 +15,18 @@ The model is a decoder-only transformer in the shape of Meta's LLaMA, built from
   ``pytree_graph.vmap``) and run with ``pytree_graph.scan``: the program is traced and
   compiled for one layer, whatever the depth.
 
-Training is character-level next-token prediction on two pages of the repository's own
+Training is character-level next-token prediction on four pages of the repository's own
 docs (no download), with an ``Optimizer`` over ``optax.adamw``, a step under
 ``pytree_graph.jit``, ``pytree_nn.metrics`` (the average loss and the next-character
 accuracy) for the logs, and an ``EMA`` of the parameters, evaluated beside the raw weights.
 Then low-rank adapters (``LoRA``) are put around the attention and MLP projections and
-trained alone (``wrt=LoRAParam``) on a third page; the base weights do not move. Text is
+trained alone (``wrt=LoRAParam``) on another page; the base weights do not move. Text is
 generated greedily, one character at a time, with a key/value cache.
 
 Run it from the repository root::
 
     hatch run python examples/llama.py
-    hatch run python examples/llama.py --steps 300 --lora-steps 100 --prompt "The model "
+    hatch run python examples/llama.py --steps 300 --lora-steps 50 --prompt "A Module "
 
 or ``python examples/llama.py --help`` in an environment with the five packages. The last
 line printed is the fine-tuned model's loss on the held-out part of the LoRA text.
@@ -49,6 +49,7 @@ import optax
 import pytree_graph as pg
 from pytree_filter import All, Not
 from pytree_graph import Carry, Param
+from pytree_module import data
 from pytree_nn import (
     EMA,
     Embedding,
@@ -58,8 +59,8 @@ from pytree_nn import (
     Module,
     Optimizer,
     RMSNorm,
-    RotaryPositionalEmbedding,
     Rngs,
+    RotaryPositionalEmbedding,
     dot_product_attention,
     metrics,
     split_rngs,
@@ -291,3 +292,497 @@ def next_token_loss(model: Llama, windows: jax.Array) -> jax.Array:
     `windows` are int32 ids of shape `(batch, context + 1)`."""
     logits = model(windows[:, :-1])
     return optax.softmax_cross_entropy_with_integer_labels(logits, windows[:, 1:]).mean()
+
+
+# ---------------------------------------------------------------------------------------
+# Low-rank adapters
+# ---------------------------------------------------------------------------------------
+
+# The projections that get adapters: (attribute path from a decoder layer, name).
+ADAPTED = (
+    ("attention", "query"),
+    ("attention", "key"),
+    ("attention", "value"),
+    ("attention", "output"),
+    ("mlp", "gate"),
+    ("mlp", "up"),
+    ("mlp", "down"),
+)
+
+
+def add_adapters(model: Llama, rank: int, rngs: Rngs) -> None:
+    """Wrap each projection of every layer in a `LoRA` of rank `rank`, in place.
+
+    The stacked layer holds each projection once for all layers, so each adapter is
+    built stacked too (one `LoRA` per layer, vmapped over split keys) and wraps the
+    stacked `Linear` as its `base_module`: the scan over layers then hands each step one
+    layer's base kernel and that layer's adapter. The base `Linear`s are held, not copied.
+    """
+    for owner_name, name in ADAPTED:
+        owner = getattr(model.layers, owner_name)
+        base = getattr(owner, name)
+        in_features, out_features = base.in_features, base.out_features
+
+        @split_rngs(splits=model.config.layers)
+        @pg.vmap
+        def create(rngs: Rngs, in_features=in_features, out_features=out_features) -> LoRA:
+            return LoRA(in_features, rank, out_features, rngs=rngs)
+
+        adapter = create(rngs)
+        # Built without a base, the attribute is static (None); `data` makes it a child.
+        adapter.base_module = data(base)
+        setattr(owner, name, adapter)
+
+
+# ---------------------------------------------------------------------------------------
+# Data: pages of the repository's docs, as characters
+# ---------------------------------------------------------------------------------------
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DEFAULT_TEXTS = (
+    "docs/packages/pytree-module.md",
+    "docs/packages/pytree-transforms.md",
+    "docs/packages/pytree-graph.md",
+    "docs/packages/pytree-nn.md",
+)
+DEFAULT_LORA_TEXTS = ("docs/development.md",)
+VALIDATION_FRACTION = 0.1
+EVAL_BATCH_SIZE = 32  # windows per compiled evaluation call (the last batch is padded)
+WARMUP_STEPS = 100
+WEIGHT_DECAY = 0.1
+MAX_GRAD_NORM = 1.0
+MAX_SEED = 2**32 - 1
+
+DEFAULT_STEPS = 1500
+DEFAULT_BATCH_SIZE = 16
+DEFAULT_CONTEXT = 64
+DEFAULT_LAYERS = 4
+DEFAULT_WIDTH = 64
+DEFAULT_HEADS = 4
+DEFAULT_KV_HEADS = 2
+DEFAULT_HIDDEN = 176
+DEFAULT_LEARNING_RATE = 3e-3
+DEFAULT_EMA_DECAY = 0.99
+DEFAULT_LORA_RANK = 4
+DEFAULT_LORA_STEPS = 100
+DEFAULT_LORA_LEARNING_RATE = 3e-3
+DEFAULT_PROMPT = "The model "
+DEFAULT_SAMPLE_LENGTH = 300
+
+
+class Vocabulary:
+    """The distinct characters of a text, numbered in sorted order."""
+
+    def __init__(self, text: str):
+        self.chars = sorted(set(text))
+        self.index = {char: i for i, char in enumerate(self.chars)}
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+    def unknown(self, text: str) -> list[str]:
+        """The characters of `text` that are not in the vocabulary, each once, in order."""
+        return list(dict.fromkeys(char for char in text if char not in self.index))
+
+    def encode(self, text: str) -> np.ndarray:
+        """The ids of `text`'s characters, as int32.
+
+        Raises:
+            ValueError: naming the characters that are not in the vocabulary.
+        """
+        missing = self.unknown(text)
+        if missing:
+            raise ValueError(f"characters not in the vocabulary: {''.join(missing)!r}")
+        return np.array([self.index[char] for char in text], dtype=np.int32)
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """The text whose character ids are `ids`."""
+        return "".join(self.chars[int(i)] for i in ids)
+
+
+class Split(NamedTuple):
+    """A text's ids: the first 90% to train on, the last 10% held out."""
+
+    train: np.ndarray
+    validation: np.ndarray
+
+
+def read_texts(paths: Sequence[str]) -> str:
+    """The files at `paths` (relative to the repository root, or absolute), joined by a
+    blank line."""
+    return "\n\n".join((ROOT / path).read_text(encoding="utf-8") for path in paths)
+
+
+def split(vocabulary: Vocabulary, text: str) -> Split:
+    """`text` encoded, its last tenth held out."""
+    ids = vocabulary.encode(text)
+    cut = len(ids) - math.ceil(VALIDATION_FRACTION * len(ids))
+    return Split(ids[:cut], ids[cut:])
+
+
+def random_windows(
+    ids: np.ndarray, context: int, batch_size: int, rng: np.random.Generator
+) -> np.ndarray:
+    """`batch_size` windows of `context + 1` consecutive ids, at random starts."""
+    starts = rng.integers(0, len(ids) - context, size=batch_size)
+    return ids[starts[:, None] + np.arange(context + 1)]
+
+
+def tiled_windows(ids: np.ndarray, context: int) -> np.ndarray:
+    """Windows of `context + 1` ids starting every `context` ids: each target counted once."""
+    starts = np.arange(0, len(ids) - context, context)
+    return ids[starts[:, None] + np.arange(context + 1)]
+
+
+# ---------------------------------------------------------------------------------------
+# Training and evaluation
+# ---------------------------------------------------------------------------------------
+
+
+def new_metrics() -> metrics.MultiMetric:
+    """The logs: the mean loss (nats/char) and the next-character accuracy."""
+    return metrics.MultiMetric(loss=metrics.Average("loss"), accuracy=metrics.Accuracy())
+
+
+@pg.jit
+def train_step(
+    model: Llama,
+    optimizer: Optimizer,
+    logs: metrics.MultiMetric,
+    windows: jax.Array,
+    ema: EMA | None = None,
+) -> None:
+    """One step of `optimizer` on `windows`, in place; the EMA (if any) and the logs follow.
+
+    The gradients are taken with respect to what the optimizer trains (`optimizer.wrt`):
+    all the parameters in pre-training, the adapters alone in fine-tuning."""
+
+    def loss_fn(model: Llama) -> tuple[jax.Array, jax.Array]:
+        logits = model(windows[:, :-1])
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, windows[:, 1:])
+        return losses.mean(), logits
+
+    (loss, logits), grads = pg.value_and_grad(loss_fn, has_aux=True, wrt=optimizer.wrt)(model)
+    optimizer.update(model, grads)
+    if ema is not None:
+        ema.update(model)
+    logs.update(loss=loss, logits=logits, labels=windows[:, 1:])
+
+
+@pg.jit
+def eval_step(model: Llama, logs: metrics.MultiMetric, windows: jax.Array, keep: jax.Array) -> None:
+    """Add the losses and predictions of the windows where `keep` is true to `logs`."""
+    logits = model(windows[:, :-1])
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, windows[:, 1:])
+    logs.update(loss=losses, logits=logits, labels=windows[:, 1:], mask=keep[:, None])
+
+
+def evaluate(model: Llama, windows: np.ndarray) -> dict[str, float]:
+    """The loss (nats/char) and accuracy of `model` over every target of `windows`.
+
+    Windows go through in batches of `EVAL_BATCH_SIZE`, the last one padded and its
+    padding masked out of the metrics, so the evaluation compiles once per model structure."""
+    logs = new_metrics()
+    for start in range(0, len(windows), EVAL_BATCH_SIZE):
+        batch = windows[start : start + EVAL_BATCH_SIZE]
+        keep = np.arange(EVAL_BATCH_SIZE) < len(batch)
+        padded = np.concatenate([batch, np.repeat(batch[:1], EVAL_BATCH_SIZE - len(batch), 0)])
+        eval_step(model, logs, padded, keep)
+    return {name: float(value) for name, value in logs.compute().items()}
+
+
+def train(
+    model: Llama,
+    optimizer: Optimizer,
+    ids: np.ndarray,
+    steps: int,
+    args: argparse.Namespace,
+    rng: np.random.Generator,
+    ema: EMA | None = None,
+    label: str = "step",
+) -> None:
+    """Run `steps` steps on random windows of `ids`, printing the metrics ten times."""
+    logs = new_metrics()
+    report_every = max(1, steps // 10)
+    width = len(str(steps))
+    started = time.perf_counter()
+    for step in range(1, steps + 1):
+        train_step(
+            model, optimizer, logs, random_windows(ids, args.context, args.batch_size, rng), ema
+        )
+        if step % report_every == 0 or step == steps:
+            # Computing the metrics waits for the steps so far; in between, JAX runs ahead.
+            values = {name: float(value) for name, value in logs.compute().items()}
+            logs.reset()
+            print(
+                f"  {label} {step:>{width}}/{steps}: loss {values['loss']:.3f}, "
+                f"accuracy {values['accuracy']:.3f}  ({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
+
+
+def adamw(learning_rate: float, steps: int) -> optax.GradientTransformation:
+    """AdamW with clipping, the learning rate warmed up then cosine-decayed to a tenth."""
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, learning_rate, min(WARMUP_STEPS, steps // 10), steps, end_value=learning_rate / 10
+    )
+    return optax.chain(
+        optax.clip_by_global_norm(MAX_GRAD_NORM),
+        optax.adamw(schedule, b2=0.95, weight_decay=WEIGHT_DECAY),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Greedy generation with the cache
+# ---------------------------------------------------------------------------------------
+
+
+@pg.jit
+def generate_window(model: Llama, buffer: jax.Array, known: jax.Array):
+    """Fill `buffer` (`context + 1` ids, the first `known` given) one id at a time.
+
+    Position `t` goes through `model.decode` with the cache of positions `0 .. t - 1`;
+    its logits choose the id at `t + 1` (the likeliest one) unless that one is given.
+    Returns the buffer and the logits of every position, `(context, vocab_size)`."""
+    context = buffer.shape[0] - 1
+    cache = model.init_cache(1, context)
+
+    def step(carry, position):
+        model, buffer, cache = carry
+        logits, cache = model.decode(buffer[position][None, None], cache, position)
+        logits = logits[0, 0]
+        given = position + 1 < known
+        choice = jnp.where(given, buffer[position + 1], jnp.argmax(logits).astype(buffer.dtype))
+        return (model, buffer.at[position + 1].set(choice), cache), logits
+
+    (_, buffer, _), logits = pg.scan(step, (model, buffer, cache), jnp.arange(context))
+    return buffer, logits
+
+
+def generate(model: Llama, prompt_ids: np.ndarray, length: int) -> np.ndarray:
+    """`length` ids continuing `prompt_ids`, each the likeliest after the ones before it.
+
+    The cache holds `context` positions (the length trained on), so text is written in
+    windows of `context + 1` ids, each with a fresh cache: the first starts from (the last
+    `context` ids of) the prompt, each later one from the last `context // 2` ids written.
+    Rotary embeddings encode relative positions, so restarting at position 0 is seamless."""
+    context = model.config.context
+    keep = max(1, context // 2)
+    ids = list(prompt_ids)
+    while len(ids) - len(prompt_ids) < length:
+        known = ids[-(context if len(ids) == len(prompt_ids) else keep) :]
+        buffer = np.zeros(context + 1, np.int32)
+        buffer[: len(known)] = known
+        filled, _ = generate_window(model, buffer, np.int32(len(known)))
+        ids.extend(np.asarray(filled)[len(known) :].tolist())
+    return np.array(ids[len(prompt_ids) : len(prompt_ids) + length], np.int32)
+
+
+# ---------------------------------------------------------------------------------------
+# The command line
+# ---------------------------------------------------------------------------------------
+
+
+def plural(count: int, noun: str) -> str:
+    """`count` and `noun`, with an "s" unless there is one."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def count(state: Any) -> int:
+    """The number of numbers in the arrays of `state`."""
+    return sum(leaf.size for leaf in jax.tree.leaves(state))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
+    parser = argparse.ArgumentParser(
+        description="Train a small LLaMA-style model on the project's docs, then LoRA "
+        "fine-tune it on another page.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--text", nargs="+", default=list(DEFAULT_TEXTS), help="files to pre-train on")
+    add("--lora-text", nargs="+", default=list(DEFAULT_LORA_TEXTS), help="files to fine-tune on")
+    add("--steps", type=int, default=DEFAULT_STEPS, help="pre-training steps (>= 1)")
+    add("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="windows per step (>= 1)")
+    add("--context", type=int, default=DEFAULT_CONTEXT, help="window length in characters")
+    add("--layers", type=int, default=DEFAULT_LAYERS, help="decoder layers (>= 1)")
+    add("--width", type=int, default=DEFAULT_WIDTH, help="model width (a multiple of --heads)")
+    add("--heads", type=int, default=DEFAULT_HEADS, help="query heads per layer (>= 1)")
+    add("--kv-heads", type=int, default=DEFAULT_KV_HEADS, help="key/value heads, dividing --heads")
+    add("--hidden", type=int, default=DEFAULT_HIDDEN, help="SwiGLU hidden width (>= 1)")
+    add("--learning-rate", type=float, default=DEFAULT_LEARNING_RATE, help="peak AdamW rate")
+    add("--ema-decay", type=float, default=DEFAULT_EMA_DECAY, help="EMA decay, in [0, 1)")
+    add("--lora-rank", type=int, default=DEFAULT_LORA_RANK, help="adapters' rank (>= 1)")
+    add("--lora-steps", type=int, default=DEFAULT_LORA_STEPS, help="fine-tuning steps (>= 1)")
+    add(
+        "--lora-learning-rate",
+        type=float,
+        default=DEFAULT_LORA_LEARNING_RATE,
+        help="peak AdamW rate of the adapters",
+    )
+    add("--seed", type=int, default=0, help=f"seed of everything random (0 to {MAX_SEED})")
+    add("--prompt", default=DEFAULT_PROMPT, help="text to continue (corpus characters only)")
+    add("--sample-length", type=int, default=DEFAULT_SAMPLE_LENGTH, help="characters to write")
+    return parser
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject what argparse's types let through, exiting with status 2 before any work."""
+    at_least_one = (
+        "steps", "batch_size", "context", "layers", "width", "heads", "kv_heads", "hidden",
+        "lora_rank", "lora_steps",
+    )  # fmt: skip
+    for name in at_least_one:
+        value = getattr(args, name)
+        if value < 1:
+            parser.error(f"argument --{name.replace('_', '-')}: must be at least 1, got {value}")
+    if args.width % args.heads:
+        parser.error(
+            f"argument --width: must be a multiple of --heads ({args.heads}), got {args.width}"
+        )
+    if (args.width // args.heads) % 2:
+        parser.error(
+            f"argument --width: the head size --width / --heads must be even (rotary "
+            f"embeddings turn features in pairs), got {args.width} / {args.heads} = "
+            f"{args.width // args.heads}"
+        )
+    if args.heads % args.kv_heads:
+        parser.error(
+            f"argument --kv-heads: must divide --heads ({args.heads}), got {args.kv_heads}"
+        )
+    for name in ("learning_rate", "lora_learning_rate"):
+        value = getattr(args, name)
+        if not (value > 0 and math.isfinite(value)):
+            parser.error(f"argument --{name.replace('_', '-')}: must be positive, got {value}")
+    if not 0 <= args.ema_decay < 1:
+        parser.error(f"argument --ema-decay: must be in [0, 1), got {args.ema_decay}")
+    if not 0 <= args.seed <= MAX_SEED:
+        parser.error(f"argument --seed: must be between 0 and {MAX_SEED}, got {args.seed}")
+    if not args.prompt:
+        parser.error("argument --prompt: must not be empty")
+    if args.sample_length < 0:
+        parser.error(f"argument --sample-length: must be at least 0, got {args.sample_length}")
+    for option in ("text", "lora_text"):
+        for path in getattr(args, option):
+            if not (ROOT / path).is_file():
+                parser.error(f"argument --{option.replace('_', '-')}: no file at {path!r}")
+
+
+def check_against_texts(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    vocabulary: Vocabulary,
+    splits: dict[str, Split],
+) -> None:
+    """Reject a prompt or a context that these texts cannot serve."""
+    missing = vocabulary.unknown(args.prompt)
+    if missing:
+        parser.error(
+            f"argument --prompt: {''.join(missing)!r} never occurs in the texts; use only "
+            f"these characters: {''.join(vocabulary.chars)!r}"
+        )
+    option, shortest = min(splits.items(), key=lambda item: len(item[1].validation))
+    if args.context >= len(shortest.validation):
+        parser.error(
+            f"argument --context: must be at most {len(shortest.validation) - 1} (the held-out "
+            f"part of --{option} has {len(shortest.validation)} characters), got {args.context}"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse `argv`, pre-train, fine-tune, print the logs and a sample; the last line is the
+    fine-tuned loss on the held-out part of the LoRA text. Returns 0."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    text, lora_text = read_texts(args.text), read_texts(args.lora_text)
+    vocabulary = Vocabulary(text + lora_text)
+    splits = {"text": split(vocabulary, text), "lora-text": split(vocabulary, lora_text)}
+    check_against_texts(parser, args, vocabulary, splits)
+    data, lora_data = splits["text"], splits["lora-text"]
+
+    config = Config(
+        vocab_size=len(vocabulary),
+        width=args.width,
+        layers=args.layers,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        hidden=args.hidden,
+        context=args.context,
+    )
+    params_key, lora_key = jax.random.split(jax.random.key(args.seed))
+    model = Llama(config, rngs=Rngs(params=params_key))
+    rng = np.random.default_rng(args.seed)
+    print(
+        f"texts: {' + '.join(args.text)} ({len(text):,} characters) to pre-train, "
+        f"{' + '.join(args.lora_text)} ({len(lora_text):,}) to fine-tune; "
+        f"{len(vocabulary)} distinct characters; the last {VALIDATION_FRACTION:.0%} of each "
+        "held out"
+    )
+    print(
+        f"model: {plural(config.layers, 'layer')} of width {config.width}, "
+        f"{config.heads} query heads sharing {plural(config.kv_heads, 'key/value head')} "
+        f"(size {config.head_size}), SwiGLU width {config.hidden}, context {config.context}; "
+        f"{count(pg.state(model, Param)):,} parameters (the output head is the embedding)"
+    )
+
+    windows = tiled_windows(data.validation, args.context)
+    lora_windows = tiled_windows(lora_data.validation, args.context)
+    before = evaluate(model, windows)
+    print(
+        f"before training: held-out loss {before['loss']:.3f} nats/char, accuracy "
+        f"{before['accuracy']:.3f} (uniform guess: {math.log(len(vocabulary)):.3f})"
+    )
+
+    # Pre-training: every parameter, with an average of the weights kept on the side.
+    optimizer = Optimizer(model, adamw(args.learning_rate, args.steps), wrt=Param)
+    ema = EMA(model, args.ema_decay, only=Param)
+    print(f"pre-training: {plural(args.steps, 'step')} of {args.batch_size} windows (AdamW)")
+    started = time.perf_counter()
+    train(model, optimizer, data.train, args.steps, args, rng, ema=ema)
+    seconds = time.perf_counter() - started
+    raw, averaged = evaluate(model, windows), evaluate(ema.apply_to(model), windows)
+    print(
+        f"after pre-training ({seconds:.0f} s): held-out loss {raw['loss']:.3f} nats/char, "
+        f"accuracy {raw['accuracy']:.3f}; EMA of the weights (decay {args.ema_decay}): loss "
+        f"{averaged['loss']:.3f}, accuracy {averaged['accuracy']:.3f}"
+    )
+
+    # Fine-tuning: adapters around every projection, trained alone.
+    lora_before = evaluate(model, lora_windows)
+    base_filter = All(Param, Not(LoRAParam))
+    add_adapters(model, args.lora_rank, Rngs(params=lora_key))
+    frozen = {path: v.value for path, v in pg.state(model, base_filter).flat_state().items()}
+    adapters = count(pg.state(model, LoRAParam))
+    lora_optimizer = Optimizer(
+        model, adamw(args.lora_learning_rate, args.lora_steps), wrt=LoRAParam
+    )
+    print(
+        f"LoRA: rank-{args.lora_rank} adapters on the {len(ADAPTED)} projections of every "
+        f"layer, {adapters:,} parameters ({adapters / count(frozen):.1%} of the base); "
+        f"before fine-tuning, held-out loss on the LoRA text {lora_before['loss']:.3f}, "
+        f"accuracy {lora_before['accuracy']:.3f}"
+    )
+    train(model, lora_optimizer, lora_data.train, args.lora_steps, args, rng, label="LoRA step")
+    unchanged = all(
+        np.array_equal(variable.value, frozen[path])
+        for path, variable in pg.state(model, base_filter).flat_state().items()
+    )
+    lora_after, forgetting = evaluate(model, lora_windows), evaluate(model, windows)
+    print(
+        f"after fine-tuning: held-out loss on the LoRA text {lora_after['loss']:.3f}, accuracy "
+        f"{lora_after['accuracy']:.3f}; on the pre-training text {forgetting['loss']:.3f} "
+        f"(was {raw['loss']:.3f}); base weights unchanged: {unchanged}"
+    )
+
+    prompt_ids = vocabulary.encode(args.prompt)
+    sample = generate(model, prompt_ids, args.sample_length)
+    print(f"greedy sample ({args.sample_length} characters, decoded with the key/value cache):")
+    print(args.prompt + vocabulary.decode(sample))
+    print(f"LoRA text held-out loss: {lora_after['loss']:.3f} nats/char")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
