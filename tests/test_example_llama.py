@@ -23,7 +23,7 @@ llama = load_example("llama")
 # A model small enough to compile and train in seconds, still able to learn something.
 TINY = [
     "--steps", "40",
-    "--lora-steps", "20",
+    "--lora-steps", "30",
     "--batch-size", "16",
     "--context", "16",
     "--layers", "1",
@@ -31,8 +31,8 @@ TINY = [
     "--heads", "2",
     "--kv-heads", "1",
     "--hidden", "32",
-    "--learning-rate", "1e-2",
-    "--lora-learning-rate", "1e-2",
+    "--learning-rate", "2e-2",
+    "--lora-learning-rate", "3e-2",
     "--sample-length", "30",
     "--seed", "1",
 ]  # fmt: skip
@@ -359,7 +359,7 @@ def test_short_run_learns_fine_tunes_and_writes(tiny_run):
     assert np.isfinite(ema) and ema != raw
     (lora_before,) = numbers("LoRA:", f"LoRA text {NUMBER}")
     (lora_after,) = numbers("after fine-tuning:", f"LoRA text {NUMBER}")
-    assert lora_after < lora_before
+    assert lora_after < lora_before - 0.03  # about 0.1 with these arguments
     assert next(line for line in lines if line.startswith("after fine-tuning:")).endswith(
         "base weights unchanged: True"
     )
