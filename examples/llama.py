@@ -49,7 +49,6 @@ import optax
 import pytree_graph as pg
 from pytree_filter import All, Not
 from pytree_graph import Carry, Param
-from pytree_module import data
 from pytree_nn import (
     EMA,
     Embedding,
@@ -329,8 +328,7 @@ def add_adapters(model: Llama, rank: int, rngs: Rngs) -> None:
             return LoRA(in_features, rank, out_features, rngs=rngs)
 
         adapter = create(rngs)
-        # Built without a base, the attribute is static (None); `data` makes it a child.
-        adapter.base_module = data(base)
+        adapter.base_module = base
         setattr(owner, name, adapter)
 
 

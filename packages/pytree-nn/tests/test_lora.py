@@ -486,3 +486,17 @@ def test_call_errors_name_what_is_wrong():
     layer = LoRALinear(3, 4, lora_rank=2, rngs=0)
     with pytest.raises(ValueError, match=r"LoRALinear expects inputs whose last dimension"):
         layer(jnp.ones((2, 5)))
+
+
+def test_a_base_given_after_construction_is_a_child_and_is_called():
+    base = Linear(3, 4, rngs=1)
+    adapter = LoRA(3, 2, 4, rngs=0)
+    x = jnp.ones((2, 3))
+    alone = adapter(x)
+    adapter.base_module = base  # no `data(...)` needed: the attribute is a child even as None
+    assert adapter.base_module is base
+    np.testing.assert_allclose(adapter(x), alone + base(x), rtol=1e-6)
+    leaves = jax.tree.leaves(adapter)
+    assert any(leaf is base.kernel.value for leaf in leaves)
+    graphdef, state = pg.split(adapter)
+    assert pg.merge(graphdef, state).base_module.kernel.value.shape == (3, 4)

@@ -145,7 +145,9 @@ class LoRA(Module):
         self.dtype = dtype
         self.param_dtype = param_dtype
         self.lora_param_type = lora_param_type
-        self.base_module = base_module
+        # A child even while None, so that a base can be given later (an adapter built
+        # stacked, then wrapped around a stacked Linear).
+        self.base_module = pytree_module.data(base_module)
         self.lora_a = lora_param_type(a_value, **a_metadata)
         self.lora_b = lora_param_type(b_value, **b_metadata)
 
