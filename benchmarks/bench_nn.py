@@ -479,7 +479,7 @@ class Trainer:
 
     step: Callable[[], jax.Array]
     loss: Callable[[], jax.Array]
-    inputs: Callable[[], tuple[Any, ...]] | None = None  # the step's arguments, if functional
+    inputs: Callable[[], tuple[Any, ...]] | None = None  # the step's arguments
 
 
 def tx() -> optax.GradientTransformation:
@@ -544,6 +544,7 @@ def in_place(
     return Trainer(
         lambda: step(model, optimizer, problem.x, problem.y),
         lambda: evaluate(model, problem.x, problem.y),
+        lambda: (model, optimizer, problem.x, problem.y),
     )
 
 
@@ -567,40 +568,45 @@ def hand_written(problem: Problem, jit: Callable[[Callable], Any] = jax.jit) -> 
     )
 
 
-def functional_style(problem: Problem) -> Trainer:
+# Each form takes the `jit` that wraps its functions (its library's, by default), so that a
+# benchmark can reach the wrapped step itself, e.g. to lower it.
+
+
+def functional_style(problem: Problem, jit: Callable | None = None) -> Trainer:
     return functional(
         problem,
         pytree_graph.clone(problem.model),
         _call,
-        pytree_transforms.filter_jit,
+        jit or pytree_transforms.filter_jit,
         pytree_transforms.filter_value_and_grad,
         lambda model: filter_tree(model, is_inexact_array),
         pytree_transforms.apply_updates,
     )
 
 
-def equinox_style(problem: Problem) -> Trainer:
+def equinox_style(problem: Problem, jit: Callable | None = None) -> Trainer:
     return functional(
         problem,
         problem.equinox(problem.arrays()),
         problem.equinox_forward,
-        eqx.filter_jit,
+        jit or eqx.filter_jit,
         eqx.filter_value_and_grad,
         lambda model: eqx.filter(model, eqx.is_inexact_array),
         eqx.apply_updates,
     )
 
 
-def graph_style(problem: Problem) -> Trainer:
+def graph_style(problem: Problem, jit: Callable | None = None) -> Trainer:
     model = pytree_graph.clone(problem.model)
     optimizer = Optimizer(model, tx(), wrt=Param)
-    return in_place(problem, model, optimizer, pytree_graph.jit, pytree_graph.value_and_grad)
+    jit = jit or pytree_graph.jit
+    return in_place(problem, model, optimizer, jit, pytree_graph.value_and_grad)
 
 
-def nnx_style(problem: Problem) -> Trainer:
+def nnx_style(problem: Problem, jit: Callable | None = None) -> Trainer:
     model = _nnx_with_arrays(problem.nnx(), problem.arrays())
     optimizer = nnx.Optimizer(model, tx(), wrt=nnx.Param)
-    return in_place(problem, model, optimizer, nnx.jit, nnx.value_and_grad)
+    return in_place(problem, model, optimizer, jit or nnx.jit, nnx.value_and_grad)
 
 
 FORMS: list[tuple[str, Callable[[Problem], Trainer], Any, str]] = [

@@ -47,6 +47,7 @@ SUBJECTS = {
     "transforms": "pytree_transforms",
     "graph": "pytree_graph",
     "nn": "pytree_nn",
+    "llama": "pytree_nn (examples/llama.py)",
 }
 _FOUND = {p.stem.removeprefix("bench_") for p in HERE.glob("bench_*.py")}
 # In the packages' order (each builds on those before), then any newer benchmark.
