@@ -405,11 +405,20 @@ def llama_problem(shapes: Shapes) -> Problem:
     )
 
 
-def example_loss_agrees(problem: Problem) -> float:
-    """The example's own ``next_token_loss`` of the model, which the problem's loss (the same
-    cross-entropy on the same windows) must equal: the benchmark times the example's model."""
+def example_loss(problem: Problem) -> float:
+    """The example's own ``next_token_loss`` of the model on the batch, checked against the
+    loss that every form's step computes (the same cross-entropy on the same windows), so
+    that the benchmark times the example's objective."""
     windows = jnp.concatenate([problem.x, problem.y[:, -1:]], axis=1)
-    return float(llama.next_token_loss(problem.model, windows))
+    expected = float(llama.next_token_loss(problem.model, windows))
+    got = float(problem.loss(problem.model(problem.x), problem.y))
+    if not math.isclose(got, expected, rel_tol=1e-6):
+        raise RuntimeError(
+            f"the benchmark's loss ({got}) differs from the example's next_token_loss "
+            f"({expected}) on the same model and windows: align llama_problem with "
+            "examples/llama.py"
+        )
+    return expected
 
 
 # name, make, library (True: always there), distribution
@@ -524,7 +533,7 @@ def run(settings: Settings, quick: bool) -> Results:
     runner = Runner(settings, log)
     shapes = QUICK if quick else FULL
     problem = llama_problem(shapes)
-    example_loss = example_loss_agrees(problem)
+    example_loss_value = example_loss(problem)
     runner.measure(f"training step, {problem.name} (ratio vs hand-written)", step_cases(problem))
     repeats = 1 if quick else 3
     label = f"first call (trace, compile, one step), {problem.name} (ratio vs hand-written)"
@@ -552,7 +561,7 @@ def run(settings: Settings, quick: bool) -> Results:
         aot,
         shapes,
         repeats,
-        example_loss,
+        example_loss_value,
         programs,
     )
 
