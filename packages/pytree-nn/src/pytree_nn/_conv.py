@@ -50,6 +50,11 @@ def kernel_size_tuple(
     return tuple(int(k) for k in kernel_size)
 
 
+def _one_if_none(value: Any) -> Any:
+    """Flax NNX's `None` for strides and dilations: 1 in every spatial dimension."""
+    return 1 if value is None else value
+
+
 def spatial_tuple(layer: str, name: str, value: Any, rank: int) -> tuple[int, ...]:
     """`value` as `rank` positive ints: an int is used for every spatial dimension."""
     if _is_int(value):
@@ -219,7 +224,8 @@ class Conv(Module):
         out_features: size of the output's last axis (0 allowed: an empty output).
         kernel_size: the kernel's spatial shape, e.g. `(3, 3)` for images; a single int
             means a 1-D convolution (`3` is `(3,)`).
-        strides: the step between windows: an int, or one int per spatial dimension.
+        strides: the step between windows: an int, or one int per spatial dimension
+            (None is 1, as in Flax NNX).
         padding: `"SAME"` (the output size is the input size divided by the stride,
             rounded up), `"VALID"` (no padding), `"CIRCULAR"` (periodic boundaries),
             `"REFLECT"` (mirrored boundaries), `"CAUSAL"` (1-D only: pad on the left, so
@@ -228,7 +234,8 @@ class Conv(Module):
         input_dilation: spacing inserted between input elements (a transposed convolution
             with that stride): an int, or one per spatial dimension. Combine it with
             explicit padding rather than `"SAME"`.
-        kernel_dilation: spacing between kernel elements ("atrous" convolution).
+        kernel_dilation: spacing between kernel elements ("atrous" convolution); None
+            is 1 here and for `input_dilation`, as in Flax NNX.
         feature_group_count: split the features into this many groups, each convolved
             with its own slice of the kernel (`in_features` for a depthwise convolution).
         use_bias: whether to add a bias.
@@ -264,11 +271,11 @@ class Conv(Module):
         in_features: int,
         out_features: int,
         kernel_size: int | Sequence[int],
-        strides: int | Sequence[int] = 1,
+        strides: int | Sequence[int] | None = 1,
         *,
         padding: PaddingLike = "SAME",
-        input_dilation: int | Sequence[int] = 1,
-        kernel_dilation: int | Sequence[int] = 1,
+        input_dilation: int | Sequence[int] | None = 1,
+        kernel_dilation: int | Sequence[int] | None = 1,
         feature_group_count: int = 1,
         use_bias: bool = True,
         mask: Any = None,
@@ -289,9 +296,11 @@ class Conv(Module):
         check_features("Conv", feature_group_count=feature_group_count)
         kernel_size = kernel_size_tuple("Conv", kernel_size)
         rank = len(kernel_size)
-        strides = spatial_tuple("Conv", "strides", strides, rank)
-        input_dilation = spatial_tuple("Conv", "input_dilation", input_dilation, rank)
-        kernel_dilation = spatial_tuple("Conv", "kernel_dilation", kernel_dilation, rank)
+        strides = spatial_tuple("Conv", "strides", _one_if_none(strides), rank)
+        input_dilation = spatial_tuple("Conv", "input_dilation", _one_if_none(input_dilation), rank)
+        kernel_dilation = spatial_tuple(
+            "Conv", "kernel_dilation", _one_if_none(kernel_dilation), rank
+        )
         padding = canonical_padding("Conv", padding, rank, _CONV_PADDINGS)
         for name, size in (("in_features", in_features), ("out_features", out_features)):
             if size % feature_group_count:
@@ -434,13 +443,14 @@ class ConvTranspose(Module):
         in_features: size of the input's last axis (0 allowed).
         out_features: size of the output's last axis (0 allowed).
         kernel_size: the kernel's spatial shape; a single int means one dimension.
-        strides: the upsampling factor: an int, or one int per spatial dimension.
+        strides: the upsampling factor: an int, or one int per spatial dimension (None
+            is 1, as in Flax NNX).
         padding: `"SAME"`, `"VALID"`, `"CIRCULAR"` (periodic: with
             `transpose_kernel=True`, exactly the transpose of `Conv(padding="CIRCULAR")`;
             without it, the `"SAME"` output away from the wrap-around),
             `"CAUSAL"` (1-D only: output `t` sees inputs up to `t // strides`), an int, or
             one int or `(low, high)` pair per spatial dimension.
-        kernel_dilation: spacing between kernel elements.
+        kernel_dilation: spacing between kernel elements (None is 1).
         use_bias: whether to add a bias.
         mask: an array of the kernel's shape that multiplies the kernel at each call.
         dtype: the dtype to compute in (None: promote the input's and the parameters').
@@ -475,10 +485,10 @@ class ConvTranspose(Module):
         in_features: int,
         out_features: int,
         kernel_size: int | Sequence[int],
-        strides: int | Sequence[int] = 1,
+        strides: int | Sequence[int] | None = 1,
         *,
         padding: PaddingLike = "SAME",
-        kernel_dilation: int | Sequence[int] = 1,
+        kernel_dilation: int | Sequence[int] | None = 1,
         use_bias: bool = True,
         mask: Any = None,
         dtype: Any = None,
@@ -498,8 +508,10 @@ class ConvTranspose(Module):
         check_features(layer, smallest=0, in_features=in_features, out_features=out_features)
         kernel_size = kernel_size_tuple(layer, kernel_size)
         rank = len(kernel_size)
-        strides = spatial_tuple(layer, "strides", strides, rank)
-        kernel_dilation = spatial_tuple(layer, "kernel_dilation", kernel_dilation, rank)
+        strides = spatial_tuple(layer, "strides", _one_if_none(strides), rank)
+        kernel_dilation = spatial_tuple(
+            layer, "kernel_dilation", _one_if_none(kernel_dilation), rank
+        )
         padding = canonical_padding(layer, padding, rank, _TRANSPOSE_PADDINGS)
         _check_causal(layer, padding, kernel_size)
         check_preferred_element_type(layer, preferred_element_type)

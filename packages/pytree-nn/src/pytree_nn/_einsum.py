@@ -90,8 +90,13 @@ def _parsed(einsum_str: str, kernel_shape: tuple[int, ...]) -> _Equation:
         )
     inputs, kernel = operands.split(",")
     _check_subscripts(einsum_str, "input", inputs, ellipsis=True)
-    _check_subscripts(einsum_str, "kernel", kernel, ellipsis=False)
+    _check_subscripts(einsum_str, "kernel", kernel, ellipsis=True)
     _check_subscripts(einsum_str, "output", output, ellipsis=True)
+    if "..." in kernel:
+        inputs, kernel, output = _name_kernel_ellipsis(
+            einsum_str, inputs, kernel, output, kernel_shape
+        )
+        equation = f"{inputs},{kernel}->{output}"
     if len(kernel) != len(kernel_shape):
         raise ValueError(
             f"Einsum: einsum_str {einsum_str!r} names {len(kernel)} kernel axes ({kernel!r}), "
@@ -111,6 +116,36 @@ def _parsed(einsum_str: str, kernel_shape: tuple[int, ...]) -> _Equation:
             "write '...' in the input's subscripts too, where the extra axes are."
         )
     return _Equation(equation, inputs, kernel, output)
+
+
+def _name_kernel_ellipsis(
+    einsum_str: str, inputs: str, kernel: str, output: str, kernel_shape: tuple[int, ...]
+) -> tuple[str, str, str]:
+    """The subscripts with the kernel's '...' written as letters not used elsewhere.
+
+    The kernel has a fixed shape, so its '...' stands for a known number of axes: as in
+    NumPy's broadcasting (and Flax NNX), they are the last axes of the input's and the
+    output's '...'. Naming them lets the bias cover them, as it covers every output axis
+    that comes from the kernel.
+    """
+    count = len(kernel_shape) - len(kernel.replace("...", ""))
+    if count < 0:
+        raise ValueError(
+            f"Einsum: einsum_str {einsum_str!r} names {len(kernel.replace('...', ''))} kernel "
+            f"axes besides '...' ({kernel!r}), but kernel_shape={kernel_shape} has only "
+            f"{len(kernel_shape)}: give one letter per kernel axis."
+        )
+    free = [c for c in sorted(_LETTERS) if c not in inputs + kernel + output]
+    if len(free) < count:
+        raise ValueError(
+            f"Einsum: einsum_str {einsum_str!r} uses too many letters to name the {count} "
+            "kernel axes its '...' stands for; name some kernel axes with letters."
+        )
+    named = "".join(free[:count])
+    kernel = kernel.replace("...", named)
+    if "..." in inputs:
+        return inputs.replace("...", "..." + named), kernel, output.replace("...", "..." + named)
+    return inputs, kernel, output.replace("...", named)
 
 
 def _bias_sizes(equation: _Equation, kernel_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -145,7 +180,10 @@ class Einsum(Module):
     `"btd,dnh->btnh"` (a projection to `n` heads of size `h`). The kernel has
     `kernel_shape`, one size per letter of its subscripts; the input's letters that the
     kernel shares must have the kernel's sizes. `"..."` in the input and the output stands
-    for any number of axes (batch axes). Spaces are ignored.
+    for any number of axes (batch axes); in the kernel it stands for the kernel axes its
+    letters leave unnamed, which are the last axes of the input's and the output's `"..."`
+    (as NumPy broadcasts them, and as in NNX: `"d...ab,bc...->ad...c"`). Spaces are
+    ignored.
 
     The bias (with `bias_shape`) is added over the output axes that come from the kernel
     and broadcast over the others, as in NNX: for `"nta,hab->nthb"` and kernel shape

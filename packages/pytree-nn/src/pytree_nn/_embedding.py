@@ -1,5 +1,6 @@
 """`Embedding`: a table of vectors looked up by integer index."""
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,8 +24,10 @@ class Embedding(Module):
     `embedding(indices)` gives `embedding.embedding[indices]`: integer indices of any
     shape `s` give vectors of shape `(*s, features)`. Negative indices count from the
     end; indices `>= num_embeddings` give NaN vectors (no error, as it cannot be checked
-    inside compiled code). `attend(query)` is the transposed use of the same table,
-    `query @ embedding.T`, the output layer of a language model with tied weights.
+    inside compiled code), except in a table of one vector, which every index gives (as
+    in Flax NNX: a single learned vector broadcast to the input's shape). `attend(query)`
+    is the transposed use of the same table, `query @ embedding.T`, the output layer of a
+    language model with tied weights.
 
     Arguments:
         num_embeddings: the number of vectors (e.g. the vocabulary size; 0 allowed).
@@ -105,6 +108,13 @@ class Embedding(Module):
                 "Convert them first, e.g. inputs.astype(jnp.int32)."
             )
         (embedding,) = promote_dtype(self._checked_embedding(), dtype=self.dtype)
+        if self.num_embeddings == 1:
+            # Flax NNX's rule for a one-vector table: every index reads it.
+            shape = (*inputs.shape, embedding.shape[1])
+            if out_sharding is not None:
+                broadcast = functools.partial(jnp.broadcast_to, shape=shape)
+                return jax.sharding.auto_axes(broadcast, out_sharding=out_sharding)(embedding)
+            return jnp.broadcast_to(embedding, shape)
         if out_sharding is not None:
             return jax.sharding.auto_axes(_take, out_sharding=out_sharding)(embedding, inputs)
         return jnp.take(embedding, inputs, axis=0)

@@ -83,16 +83,18 @@ def _moments(
     center: bool,
     fast_variance: bool,
     axis_name: Any,
+    mask: jax.Array | None = None,
 ) -> tuple[jax.Array | None, jax.Array]:
     """Mean and variance over `axes` (kept, as size 1), and over the named axis if set.
 
     Computed in at least float32, so half-precision inputs keep accurate statistics.
-    Without `center` the mean is None and the "variance" is the mean square.
+    Without `center` the mean is None and the "variance" is the mean square. With a
+    boolean `mask` of `x`'s shape, only the entries it keeps count (as Flax NNX's `mask=`).
     """
     x = x.astype(at_least_float32(x.dtype))
 
     def average(*values: jax.Array) -> list[jax.Array]:
-        means = [jnp.mean(v, axes, keepdims=True) for v in values]
+        means = [jnp.mean(v, axes, keepdims=True, where=mask) for v in values]
         return means if axis_name is None else lax.pmean(means, axis_name)
 
     if not center:
@@ -105,6 +107,25 @@ def _moments(
     (mean,) = average(x)
     (variance,) = average(_squared_magnitude(x - mean))
     return mean, variance
+
+
+def _checked_mask(layer: str, mask: Any, shape: tuple) -> jax.Array | None:
+    """`mask` (None, or booleans broadcastable to the input's `shape`) at that shape."""
+    if mask is None:
+        return None
+    mask = jnp.asarray(mask)
+    if mask.dtype != jnp.bool_:
+        raise TypeError(
+            f"{layer}: mask must be an array of booleans (True where an entry counts in the "
+            f"statistics), got dtype {mask.dtype}. Compare first, e.g. `mask=lengths > 0`."
+        )
+    try:
+        return jnp.broadcast_to(mask, shape)
+    except ValueError:
+        raise ValueError(
+            f"{layer}: mask of shape {mask.shape} does not broadcast to the input's shape "
+            f"{shape}; give one boolean per input entry (or a shape that broadcasts to it)."
+        ) from None
 
 
 def _normalize(
@@ -201,7 +222,11 @@ class _CenteredNorm(Module):
         self.use_fast_variance = use_fast_variance
 
     def _normalize_over(
-        self, x: jax.Array, reduction: tuple[int, ...], features: tuple[int, ...]
+        self,
+        x: jax.Array,
+        reduction: tuple[int, ...],
+        features: tuple[int, ...],
+        mask: jax.Array | None,
     ) -> jax.Array:
         x, scale, bias = _promoted(x, self.scale, self.bias, self.dtype)
         mean, variance = _moments(
@@ -210,6 +235,7 @@ class _CenteredNorm(Module):
             center=True,
             fast_variance=self.use_fast_variance,
             axis_name=self.axis_name,
+            mask=mask,
         )
         return _normalize(x, mean, variance, scale, bias, features, self.epsilon)
 
@@ -295,14 +321,19 @@ class LayerNorm(_CenteredNorm):
             rngs,
         )
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """Normalize `x`; the result has the shape of `x`."""
+    def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
+        """Normalize `x`; the result has the shape of `x`.
+
+        `mask`: None, or booleans broadcastable to `x`'s shape: only the entries it keeps
+        count in the mean and variance (every entry is still normalized), as Flax NNX's.
+        """
         shape = jnp.shape(x)
         reduction = _input_axes("LayerNorm", "reduction_axes", self.reduction_axes, shape)
         features = _feature_axes(
             "LayerNorm", "feature_axes", self.feature_axes, shape, self.num_features
         )
-        return self._normalize_over(x, reduction, features)
+        mask = _checked_mask("LayerNorm", mask, shape)
+        return self._normalize_over(x, reduction, features, mask)
 
 
 class RMSNorm(Module):
@@ -328,6 +359,8 @@ class RMSNorm(Module):
         reduction_axes: the axis or axes to take the mean square over.
         feature_axes: the axis or axes `scale` lies along.
         axis_name: also average over this named axis (of `vmap`, `pmap`, `shard_map`).
+        use_fast_variance: taken for Flax NNX's signature; without centering there is
+            one way to compute the mean square, so it changes nothing.
         rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
 
     Examples:
@@ -352,6 +385,7 @@ class RMSNorm(Module):
         reduction_axes: Axes = -1,
         feature_axes: Axes = -1,
         axis_name: Any = None,
+        use_fast_variance: bool = True,
         rngs: Any = None,
     ):
         check_features("RMSNorm", num_features=num_features)
@@ -371,17 +405,23 @@ class RMSNorm(Module):
         self.param_dtype = param_dtype
         self.use_scale = use_scale
         self.axis_name = axis_name
+        self.use_fast_variance = use_fast_variance
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """Normalize `x`; the result has the shape of `x`."""
+    def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
+        """Normalize `x`; the result has the shape of `x`.
+
+        `mask`: None, or booleans broadcastable to `x`'s shape: only the entries it keeps
+        count in the mean square (every entry is still scaled), as Flax NNX's.
+        """
         shape = jnp.shape(x)
         reduction = _input_axes("RMSNorm", "reduction_axes", self.reduction_axes, shape)
         features = _feature_axes(
             "RMSNorm", "feature_axes", self.feature_axes, shape, self.num_features
         )
+        mask = _checked_mask("RMSNorm", mask, shape)
         x, scale, _ = _promoted(x, self.scale, None, self.dtype)
         _, mean_square = _moments(
-            x, reduction, center=False, fast_variance=True, axis_name=self.axis_name
+            x, reduction, center=False, fast_variance=True, axis_name=self.axis_name, mask=mask
         )
         return _normalize(x, None, mean_square, scale, None, features, self.epsilon)
 
@@ -504,8 +544,12 @@ class GroupNorm(Module):
         self.axis_name = axis_name
         self.use_fast_variance = use_fast_variance
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """Normalize `x`, of shape `(batch, ..., num_features)` or `(num_features,)`."""
+    def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
+        """Normalize `x`, of shape `(batch, ..., num_features)` or `(num_features,)`.
+
+        `mask`: None, or booleans broadcastable to `x`'s shape: only the entries it keeps
+        count in each group's statistics, as Flax NNX's.
+        """
         shape = jnp.shape(x)
         if not shape:
             raise ValueError(
@@ -523,15 +567,18 @@ class GroupNorm(Module):
                     f"GroupNorm: reduction_axes={self.reduction_axes!r} must include the "
                     "channel axis (the last axis, -1)."
                 )
+        mask = _checked_mask("GroupNorm", mask, shape)
         x, scale, bias = _promoted(x, self.scale, self.bias, self.dtype)
         # Split the channels into (num_groups, group_size): axes `last` and `last + 1`.
-        grouped = x.reshape(*shape[:-1], self.num_groups, self.group_size)
+        grouped_shape = (*shape[:-1], self.num_groups, self.group_size)
+        grouped = x.reshape(grouped_shape)
         mean, variance = _moments(
             grouped,
             (*reduction[:-1], last + 1),
             center=True,
             fast_variance=self.use_fast_variance,
             axis_name=self.axis_name,
+            mask=None if mask is None else mask.reshape(grouped_shape),
         )
         y = _normalize(grouped, mean, variance, scale, bias, (last, last + 1), self.epsilon)
         return y.reshape(shape)
@@ -615,9 +662,13 @@ class InstanceNorm(_CenteredNorm):
             rngs,
         )
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
         """Normalize `x`, of shape `(batch, ...)` with the features on `feature_axes`;
-        the result has the shape of `x`."""
+        the result has the shape of `x`.
+
+        `mask`: None, or booleans broadcastable to `x`'s shape: only the entries it keeps
+        count in the statistics, as Flax NNX's.
+        """
         shape = jnp.shape(x)
         features = _feature_axes(
             "InstanceNorm", "feature_axes", self.feature_axes, shape, self.num_features
@@ -629,7 +680,8 @@ class InstanceNorm(_CenteredNorm):
                 "a leading batch axis (x[None] for one example), or other feature_axes."
             )
         reduction = tuple(a for a in range(1, len(shape)) if a not in features)
-        return self._normalize_over(x, reduction, features)
+        mask = _checked_mask("InstanceNorm", mask, shape)
+        return self._normalize_over(x, reduction, features, mask)
 
 
 class BatchNorm(Module):
@@ -754,6 +806,7 @@ class BatchNorm(Module):
         state: State | bool | None = None,
         *,
         use_running_average: bool | None = None,
+        mask: jax.Array | None = None,
     ) -> jax.Array | tuple[jax.Array, State]:
         """Normalize `x`; the result has the shape of `x`.
 
@@ -766,6 +819,8 @@ class BatchNorm(Module):
             use_running_average: override the layer's mode for this call (True: use
                 and keep the running averages; False: use batch statistics and update
                 the running averages).
+            mask: None, or booleans broadcastable to `x`'s shape: only the entries it
+                keeps count in the batch statistics, as Flax NNX's.
 
         Returns:
             The normalized input; with a `state`, the pair `(y, new_state)`.
@@ -805,6 +860,7 @@ class BatchNorm(Module):
         else:
             running = state.get(self)
             running_mean, running_var = running["mean"], running["var"]
+        mask = _checked_mask("BatchNorm", mask, shape)
         x, scale, bias = _promoted(x, self.scale, self.bias, self.dtype)
         if use_running_average:
             feature_shape = [shape[a] if a in features else 1 for a in range(len(shape))]
@@ -817,6 +873,7 @@ class BatchNorm(Module):
                 center=True,
                 fast_variance=self.use_fast_variance,
                 axis_name=self.axis_name,
+                mask=mask,
             )
             running_mean = self._running_average(running_mean, mean)
             running_var = self._running_average(running_var, variance)

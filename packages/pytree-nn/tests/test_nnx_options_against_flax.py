@@ -1,0 +1,67 @@
+"""Side by side with Flax NNX 0.12: normalization `mask=`, convolutions with
+`strides=None`, a one-vector `Embedding` and `'...'` in an `Einsum` kernel's subscripts:
+the same weights in, the same numbers out."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+nnx = pytest.importorskip("flax.nnx")
+
+import pytree_nn as pnn  # noqa: E402
+
+
+def normal(seed, shape):
+    return jax.random.normal(jax.random.key(seed), shape)
+
+
+@pytest.mark.parametrize(
+    "name, args, kwargs",
+    [
+        ("LayerNorm", (6,), {}),
+        ("RMSNorm", (6,), {}),
+        ("GroupNorm", (6,), {"num_groups": 3}),
+        ("InstanceNorm", (6,), {}),
+        ("BatchNorm", (6,), {"use_running_average": False}),
+    ],
+)
+@pytest.mark.parametrize("fast", [True, False])
+def test_norm_mask_matches_nnx(name, args, kwargs, fast):
+    x = normal(0, (10, 6)) * 2 + 0.5
+    theirs = getattr(nnx, name)(*args, **kwargs, use_fast_variance=fast, rngs=nnx.Rngs(0))
+    ours = getattr(pnn, name)(*args, **kwargs, use_fast_variance=fast, rngs=0)
+    for mask in (None, np.array([True, False, True, True, False, True]), normal(1, (10, 6)) > 0):
+        np.testing.assert_allclose(ours(x, mask=mask), theirs(x, mask=mask), rtol=1e-5, atol=1e-5)
+    if name == "BatchNorm":
+        np.testing.assert_allclose(ours.mean.value, theirs.mean[...], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(ours.var.value, theirs.var[...], rtol=1e-5, atol=1e-6)
+
+
+def test_conv_strides_none_matches_nnx():
+    x = normal(0, (2, 12, 9, 3))
+    for cls in ("Conv", "ConvTranspose"):
+        theirs = getattr(nnx, cls)(3, 6, (3, 2), None, rngs=nnx.Rngs(0))
+        ours = getattr(pnn, cls)(3, 6, (3, 2), None, rngs=0)
+        ours.kernel.value = jnp.asarray(theirs.kernel[...])
+        np.testing.assert_allclose(ours(x), theirs(x), rtol=1e-5, atol=1e-5)
+
+
+def test_one_vector_embedding_matches_nnx():
+    theirs = nnx.Embed(1, 5, rngs=nnx.Rngs(0))
+    ours = pnn.Embedding(1, 5, rngs=0)
+    ours.embedding.value = jnp.asarray(theirs.embedding[...])
+    idx = jnp.array([0, 10, 3], jnp.int16)
+    np.testing.assert_array_equal(ours(idx), theirs(idx))
+
+
+@pytest.mark.parametrize("bias_shape", [None, (6, 7, 5)])
+def test_einsum_kernel_ellipsis_matches_nnx(bias_shape):
+    x = normal(0, (8, 6, 7, 3, 4))
+    theirs = nnx.Einsum("d...ab,bc...->ad...c", (4, 5, 6, 7), bias_shape, rngs=nnx.Rngs(0))
+    ours = pnn.Einsum("d...ab,bc...->ad...c", (4, 5, 6, 7), bias_shape, rngs=0)
+    ours.kernel.value = jnp.asarray(theirs.kernel[...])
+    if bias_shape:
+        theirs.bias[...] = normal(1, bias_shape)
+        ours.bias.value = jnp.asarray(theirs.bias[...])
+    np.testing.assert_allclose(ours(x), theirs(x), rtol=1e-5, atol=1e-5)
