@@ -137,3 +137,57 @@ def test_einsum_kernel_ellipsis_errors():
         pnn.Einsum("...ab,ab...->...", (4,), rngs=0)
     with pytest.raises(ValueError, match="bias_shape=\\(5,\\) does not fit"):
         pnn.Einsum("d...ab,bc...->ad...c", (4, 5, 6, 7), (5,), rngs=0)
+
+
+def test_einsum_and_linear_general_metadata():
+    layer = pnn.Einsum(
+        "ik,kj->ij",
+        (5, 4),
+        (4,),
+        kernel_metadata={"tag": "proj", "sharding": ("a", None)},
+        bias_metadata={"tag": "b"},
+        rngs=0,
+    )
+    assert (layer.kernel.tag, layer.kernel.sharding, layer.bias.tag) == ("proj", ("a", None), "b")
+    general = pnn.LinearGeneral(
+        2, (3, 4), kernel_metadata={"tag": "k"}, bias_metadata={"x": 1}, rngs=0
+    )
+    assert (general.kernel.tag, general.bias.x) == ("k", 1)
+    with pytest.raises(ValueError, match="bias_metadata was given but bias_shape is None"):
+        pnn.Einsum("ik,kj->ij", (5, 4), bias_metadata={"tag": "b"}, rngs=0)
+    with pytest.raises(TypeError, match="kernel_metadata must be a mapping"):
+        pnn.LinearGeneral(2, 3, kernel_metadata=["tag"], rngs=0)
+    with pytest.raises(ValueError, match="sharding"):
+        pnn.LinearGeneral(
+            2, 3, kernel_sharding=("a", None), kernel_metadata={"sharding": (None, "a")}, rngs=0
+        )
+
+
+def test_multi_head_attention_metadata():
+    attention = pnn.MultiHeadAttention(
+        2,
+        4,
+        normalize_qk=True,
+        kernel_metadata={"tag": "qkv"},
+        bias_metadata={"tag": "qkv_b"},
+        out_kernel_metadata={"tag": "out", "sharding": ("model", None, None)},
+        out_bias_metadata={"tag": "out_b"},
+        query_ln_scale_metadata={"tag": "q_ln"},
+        key_ln_scale_metadata={"tag": "k_ln"},
+        rngs=0,
+    )
+    for layer in (attention.query, attention.key, attention.value):
+        assert (layer.kernel.tag, layer.bias.tag) == ("qkv", "qkv_b")
+    assert (attention.out.kernel.tag, attention.out.bias.tag) == ("out", "out_b")
+    assert attention.out.kernel.sharding == ("model", None, None)
+    assert (attention.query_ln.scale.tag, attention.key_ln.scale.tag) == ("q_ln", "k_ln")
+    with pytest.raises(ValueError, match="kernel_metadata\\['sharding'\\] has 1 entries"):
+        pnn.MultiHeadAttention(2, 4, kernel_metadata={"sharding": (None,)}, rngs=0)
+    with pytest.raises(ValueError, match="out_kernel_sharding"):
+        pnn.MultiHeadAttention(
+            2,
+            4,
+            out_kernel_sharding=(None, None, None),
+            out_kernel_metadata={"sharding": ("a", None, None)},
+            rngs=0,
+        )

@@ -65,3 +65,43 @@ def test_einsum_kernel_ellipsis_matches_nnx(bias_shape):
         theirs.bias[...] = normal(1, bias_shape)
         ours.bias.value = jnp.asarray(theirs.bias[...])
     np.testing.assert_allclose(ours(x), theirs(x), rtol=1e-5, atol=1e-5)
+
+
+def test_einsum_and_linear_general_metadata_as_nnx():
+    for make in (
+        lambda m, **k: m.Einsum("ik,kj->ij", (5, 4), (4,), **k),
+        lambda m, **k: m.LinearGeneral(5, (2, 2), **k),
+    ):
+        theirs = make(
+            nnx, kernel_metadata={"tag": "k"}, bias_metadata={"tag": "b"}, rngs=nnx.Rngs(0)
+        )
+        ours = make(pnn, kernel_metadata={"tag": "k"}, bias_metadata={"tag": "b"}, rngs=0)
+        assert (ours.kernel.tag, ours.bias.tag) == (theirs.kernel.tag, theirs.bias.tag)
+        np.testing.assert_array_equal(ours.kernel.value, theirs.kernel[...])
+
+
+def test_multi_head_attention_metadata_as_nnx():
+    names = (
+        "kernel_metadata",
+        "bias_metadata",
+        "out_kernel_metadata",
+        "out_bias_metadata",
+        "query_ln_scale_metadata",
+        "key_ln_scale_metadata",
+    )
+    kwargs = {name: {"tag": name} for name in names}
+    theirs = nnx.MultiHeadAttention(2, 4, normalize_qk=True, **kwargs, rngs=nnx.Rngs(0))
+    ours = pnn.MultiHeadAttention(2, 4, normalize_qk=True, **kwargs, rngs=0)
+    for path in (
+        "query.kernel",
+        "key.bias",
+        "value.kernel",
+        "out.kernel",
+        "out.bias",
+        "query_ln.scale",
+        "key_ln.scale",
+    ):
+        a, b = theirs, ours
+        for part in path.split("."):
+            a, b = getattr(a, part), getattr(b, part)
+        assert a.tag == b.tag

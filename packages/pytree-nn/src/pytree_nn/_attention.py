@@ -1,7 +1,7 @@
 """Attention: `MultiHeadAttention`, `dot_product_attention` and the masks they take."""
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -12,7 +12,7 @@ from pytree_graph import Cache
 from pytree_module import data
 
 from . import initializers
-from ._checks import check_features, check_sharding
+from ._checks import check_features, check_metadata
 from ._dropout import drop
 from ._dtypes import at_least_float32, promote_dtype, with_rank
 from ._flat_draws import flat_when_eager
@@ -475,6 +475,8 @@ class HeadProjection(Module):
         kernel_sharding: the kernel's mesh axes, one entry per dimension (a name, a
             tuple of names, or None), stored as its `sharding` metadata; None: none.
         bias_sharding: the bias's mesh axes, likewise.
+        kernel_metadata: more metadata for the kernel's Param (see `Linear`).
+        bias_metadata: the same for the bias.
         rngs: an `Rngs`, a PRNG key or an int seed.
 
     Examples:
@@ -498,6 +500,8 @@ class HeadProjection(Module):
         bias_init: initializers.Initializer = initializers.zeros,
         kernel_sharding: Sequence[Any] | None = None,
         bias_sharding: Sequence[Any] | None = None,
+        kernel_metadata: Mapping[str, Any] | None = None,
+        bias_metadata: Mapping[str, Any] | None = None,
         rngs: Any = None,
     ):
         in_features, out_features = tuple(in_features), tuple(out_features)
@@ -506,17 +510,27 @@ class HeadProjection(Module):
             **{f"in_features[{i}]": n for i, n in enumerate(in_features)},
             **{f"out_features[{i}]": n for i, n in enumerate(out_features)},
         )
-        kernel_sharding = check_sharding(
-            "HeadProjection", "kernel_sharding", kernel_sharding, len(in_features + out_features)
+        kernel_sharding, kernel_metadata = check_metadata(
+            "HeadProjection",
+            "kernel_metadata",
+            kernel_metadata,
+            "kernel_sharding",
+            kernel_sharding,
+            len(in_features + out_features),
         )
-        bias_sharding = check_sharding(
-            "HeadProjection", "bias_sharding", bias_sharding, len(out_features)
+        bias_sharding, bias_metadata = check_metadata(
+            "HeadProjection",
+            "bias_metadata",
+            bias_metadata,
+            "bias_sharding",
+            bias_sharding,
+            len(out_features),
         )
         rngs = as_rngs(rngs, "HeadProjection")
         matrix = (math.prod(in_features), math.prod(out_features))
         kernel = kernel_init(flat_when_eager(rngs.params()), matrix, param_dtype)
         self.kernel = sharded_param(
-            jnp.reshape(kernel, in_features + out_features), kernel_sharding
+            jnp.reshape(kernel, in_features + out_features), kernel_sharding, kernel_metadata
         )
         self.bias = (
             sharded_param(
@@ -525,6 +539,7 @@ class HeadProjection(Module):
                     out_features,
                 ),
                 bias_sharding,
+                bias_metadata,
             )
             if use_bias
             else None
@@ -641,6 +656,14 @@ class MultiHeadAttention(Module):
         out_kernel_sharding: the mesh axes of the `out` kernel
             `(num_heads, head_dim, out_features)`, e.g. `("model", None, None)`.
         out_bias_sharding: the mesh axes of its bias `(out_features,)`.
+        kernel_metadata: more metadata for the `query`, `key` and `value` kernels' Params,
+            a mapping of names to hashable values (see `Linear`'s `kernel_metadata`), as
+            Flax NNX's; a `sharding` entry is `qkv_kernel_sharding`.
+        bias_metadata: the same for their biases.
+        out_kernel_metadata: the same for the `out` kernel.
+        out_bias_metadata: the same for the `out` bias.
+        query_ln_scale_metadata: the same for the `query_ln` scale (`normalize_qk`).
+        key_ln_scale_metadata: the same for the `key_ln` scale.
         rngs: an `Rngs`, a PRNG key or an int seed (parameters from its `params` stream;
             the dropout stream forked from its `dropout` stream).
         keep_rngs: keep that forked dropout stream (as `.rngs`); with False the layer
@@ -694,6 +717,12 @@ class MultiHeadAttention(Module):
         qkv_bias_sharding: Sequence[Any] | None = None,
         out_kernel_sharding: Sequence[Any] | None = None,
         out_bias_sharding: Sequence[Any] | None = None,
+        kernel_metadata: Mapping[str, Any] | None = None,
+        bias_metadata: Mapping[str, Any] | None = None,
+        out_kernel_metadata: Mapping[str, Any] | None = None,
+        out_bias_metadata: Mapping[str, Any] | None = None,
+        query_ln_scale_metadata: Mapping[str, Any] | None = None,
+        key_ln_scale_metadata: Mapping[str, Any] | None = None,
         rngs: Any = None,
         keep_rngs: bool = True,
     ):
@@ -754,15 +783,26 @@ class MultiHeadAttention(Module):
                 "MultiHeadAttention: rotary must be a RotaryPositionalEmbedding (or None), "
                 f"got {type(rotary).__name__}."
             )
+        # Each Param's sharding and metadata (NNX's `*_metadata` names), checked before any
+        # key is drawn: (sharding, metadata) by the sharding argument's name.
         shardings = {
-            name: check_sharding("MultiHeadAttention", name, value, ndim)
-            for name, value, ndim in (
-                ("qkv_kernel_sharding", qkv_kernel_sharding, 3),
-                ("qkv_bias_sharding", qkv_bias_sharding, 2),
-                ("out_kernel_sharding", out_kernel_sharding, 3),
-                ("out_bias_sharding", out_bias_sharding, 1),
+            sharding_name: check_metadata(
+                "MultiHeadAttention", metadata_name, metadata, sharding_name, value, ndim
+            )
+            for sharding_name, value, metadata_name, metadata, ndim in (
+                ("qkv_kernel_sharding", qkv_kernel_sharding, "kernel_metadata", kernel_metadata, 3),
+                ("qkv_bias_sharding", qkv_bias_sharding, "bias_metadata", bias_metadata, 2),
+                (
+                    "out_kernel_sharding",
+                    out_kernel_sharding,
+                    "out_kernel_metadata",
+                    out_kernel_metadata,
+                    3,
+                ),
+                ("out_bias_sharding", out_bias_sharding, "out_bias_metadata", out_bias_metadata, 1),
             )
         }
+
         rngs = as_rngs(rngs, "MultiHeadAttention")
 
         def projection(
@@ -781,8 +821,10 @@ class MultiHeadAttention(Module):
                 precision=precision,
                 kernel_init=init,
                 bias_init=bias_init,
-                kernel_sharding=shardings[f"{of}_kernel_sharding"],
-                bias_sharding=shardings[f"{of}_bias_sharding"],
+                kernel_sharding=shardings[f"{of}_kernel_sharding"][0],
+                bias_sharding=shardings[f"{of}_bias_sharding"][0],
+                kernel_metadata=shardings[f"{of}_kernel_sharding"][1],
+                bias_metadata=shardings[f"{of}_bias_sharding"][1],
                 rngs=rngs,
             )
 
@@ -792,8 +834,10 @@ class MultiHeadAttention(Module):
         self.value = projection((in_kv_features,), kv_heads, kernel_init, "qkv")
         if normalize_qk:
             # Drawn between the value and out projections, as Flax NNX draws them.
-            self.query_ln = self._head_norm(head_dim, dtype, param_dtype, rngs)
-            self.key_ln = self._head_norm(head_dim, dtype, param_dtype, rngs)
+            self.query_ln = self._head_norm(
+                head_dim, dtype, param_dtype, rngs, query_ln_scale_metadata
+            )
+            self.key_ln = self._head_norm(head_dim, dtype, param_dtype, rngs, key_ln_scale_metadata)
         else:
             self.query_ln = data(None)
             self.key_ln = data(None)
@@ -829,9 +873,18 @@ class MultiHeadAttention(Module):
         self.cache_index = data(None)
 
     @staticmethod
-    def _head_norm(head_dim: int, dtype: Any, param_dtype: Any, rngs: Any) -> LayerNorm:
+    def _head_norm(
+        head_dim: int, dtype: Any, param_dtype: Any, rngs: Any, scale_metadata: Any
+    ) -> LayerNorm:
         """The layer norm of each query or key head (`normalize_qk`): a `scale` only."""
-        return LayerNorm(head_dim, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        return LayerNorm(
+            head_dim,
+            use_bias=False,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            scale_metadata=scale_metadata,
+            rngs=rngs,
+        )
 
     def __call__(
         self,

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import initializers
-from ._checks import check_sharding, check_weight
+from ._checks import check_metadata, check_weight
 from ._dtypes import add_bias, check_preferred_element_type, promote_dtype
 from ._linear import default_kernel_init, draw, sharded_param
 from ._module import Module
@@ -208,6 +208,9 @@ class Einsum(Module):
         kernel_sharding: how to split the kernel over a device mesh: one entry per kernel
             dimension (a mesh axis name, a tuple of names or None), as for `Linear`.
         bias_sharding: the same for the bias, one entry per bias dimension.
+        kernel_metadata: more metadata for the kernel's Param, a mapping of names to
+            hashable values (see `Linear`'s `kernel_metadata`).
+        bias_metadata: the same for the bias.
         rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream: the
             kernel's, then the bias's, as in NNX).
 
@@ -238,6 +241,8 @@ class Einsum(Module):
         preferred_element_type: Any = None,
         kernel_sharding: Any = None,
         bias_sharding: Any = None,
+        kernel_metadata: Mapping[str, Any] | None = None,
+        bias_metadata: Mapping[str, Any] | None = None,
         rngs: Any = None,
     ):
         kernel_shape = _shape("Einsum", "kernel_shape", kernel_shape)
@@ -248,26 +253,37 @@ class Einsum(Module):
                 _check_bias_shape(equation, kernel_shape, bias_shape)
             einsum_str = equation.string
         check_preferred_element_type("Einsum", preferred_element_type)
-        kernel_sharding = check_sharding(
-            "Einsum", "kernel_sharding", kernel_sharding, len(kernel_shape)
+        kernel_sharding, kernel_metadata = check_metadata(
+            "Einsum",
+            "kernel_metadata",
+            kernel_metadata,
+            "kernel_sharding",
+            kernel_sharding,
+            len(kernel_shape),
         )
-        if bias_shape is None and bias_sharding is not None:
+        if bias_shape is None and (bias_sharding is not None or bias_metadata):
+            given = "bias_sharding" if bias_sharding is not None else "bias_metadata"
             raise ValueError(
-                "Einsum: bias_sharding was given but bias_shape is None (no bias); give "
-                "bias_shape=..., or leave bias_sharding out."
+                f"Einsum: {given} was given but bias_shape is None (no bias); give "
+                f"bias_shape=..., or leave {given} out."
             )
         if bias_shape is not None:
-            bias_sharding = check_sharding(
-                "Einsum", "bias_sharding", bias_sharding, len(bias_shape)
+            bias_sharding, bias_metadata = check_metadata(
+                "Einsum",
+                "bias_metadata",
+                bias_metadata,
+                "bias_sharding",
+                bias_sharding,
+                len(bias_shape),
             )
         rngs = as_rngs(rngs, "Einsum")
         kernel = draw(kernel_init, rngs.params(), kernel_shape, param_dtype)
-        self.kernel = sharded_param(kernel, kernel_sharding)
+        self.kernel = sharded_param(kernel, kernel_sharding, kernel_metadata)
         if bias_shape is None:
             self.bias = None
         else:
             bias = draw(bias_init, rngs.params(), bias_shape, param_dtype)
-            self.bias = sharded_param(bias, bias_sharding)
+            self.bias = sharded_param(bias, bias_sharding, bias_metadata)
         self.einsum_str = einsum_str
         self.kernel_shape = kernel_shape
         self.bias_shape = bias_shape
@@ -452,6 +468,8 @@ class LinearGeneral(Module):
         kernel_sharding: how to split the kernel over a device mesh: one entry per kernel
             dimension (a mesh axis name, a tuple of names or None), as for `Linear`.
         bias_sharding: the same for the bias.
+        kernel_metadata: more metadata for the kernel's Param (see `Linear`).
+        bias_metadata: the same for the bias.
         rngs: an `Rngs`, a PRNG key or an int seed (keys from its `params` stream).
 
     Examples:
@@ -483,6 +501,8 @@ class LinearGeneral(Module):
         preferred_element_type: Any = None,
         kernel_sharding: Any = None,
         bias_sharding: Any = None,
+        kernel_metadata: Mapping[str, Any] | None = None,
+        bias_metadata: Mapping[str, Any] | None = None,
         rngs: Any = None,
     ):
         layer = "LinearGeneral"
@@ -510,20 +530,27 @@ class LinearGeneral(Module):
         batch_shape = tuple(batch.values())
         kernel_shape = (*batch_shape, *in_features, *out_features)
         bias_shape = (*batch_shape, *out_features)
-        kernel_sharding = check_sharding(
-            layer, "kernel_sharding", kernel_sharding, len(kernel_shape)
+        kernel_sharding, kernel_metadata = check_metadata(
+            layer,
+            "kernel_metadata",
+            kernel_metadata,
+            "kernel_sharding",
+            kernel_sharding,
+            len(kernel_shape),
         )
-        bias_sharding = check_sharding(layer, "bias_sharding", bias_sharding, len(bias_shape))
+        bias_sharding, bias_metadata = check_metadata(
+            layer, "bias_metadata", bias_metadata, "bias_sharding", bias_sharding, len(bias_shape)
+        )
         rngs = as_rngs(rngs, layer)
         # NNX draws the kernel as a matrix of (all inputs, all outputs) and reshapes it, so
         # that the initializer's fans are the total sizes (not those of the last two axes).
         flat = (math.prod(batch_shape) * math.prod(in_features), math.prod(out_features))
         kernel = draw(kernel_init, rngs.params(), flat, param_dtype).reshape(kernel_shape)
-        self.kernel = sharded_param(kernel, kernel_sharding)
+        self.kernel = sharded_param(kernel, kernel_sharding, kernel_metadata)
         if use_bias:
             flat_bias = (math.prod(bias_shape),)
             bias = draw(bias_init, rngs.params(), flat_bias, param_dtype).reshape(bias_shape)
-            self.bias = sharded_param(bias, bias_sharding)
+            self.bias = sharded_param(bias, bias_sharding, bias_metadata)
         else:
             self.bias = None
         self.in_features = in_features
