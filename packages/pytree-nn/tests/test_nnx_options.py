@@ -191,3 +191,34 @@ def test_multi_head_attention_metadata():
             out_kernel_metadata={"sharding": ("a", None, None)},
             rngs=0,
         )
+
+
+def test_dot_product_attention_module_records_weights():
+    from pytree_graph import Intermediate, pop
+
+    q, k, v = normal(0, (2, 5, 4, 8)), normal(1, (2, 6, 2, 8)), normal(2, (2, 6, 2, 8))
+    holder = pnn.Module()
+    out = pnn.dot_product_attention(q, k, v, module=holder)
+    (weights,) = pop(holder, Intermediate)["attention_weights"].value
+    repeated_k = jnp.repeat(k, 2, axis=-2)
+    want = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, repeated_k) / jnp.sqrt(8.0), -1)
+    np.testing.assert_allclose(weights, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out, pnn.dot_product_attention(q, k, v), rtol=1e-5, atol=1e-6)
+    with pytest.raises(TypeError, match="module must be a Module"):
+        pnn.dot_product_attention(q, k, v, module=object())
+    with pytest.raises(ValueError, match="cannot record them"):
+        pnn.dot_product_attention(q, k, v, module=holder, implementation="xla")
+
+
+def test_multi_head_attention_sow_weights():
+    from pytree_graph import Intermediate, pop
+
+    attention = pnn.MultiHeadAttention(2, 4, rngs=0)
+    x = normal(0, (3, 5, 4))
+    attention(x, sow_weights=True)
+    attention(x)  # not recorded
+    (weights,) = pop(attention, Intermediate)["attention_weights"].value
+    assert weights.shape == (3, 2, 5, 5)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+    with pytest.raises(TypeError, match="sow_weights must be True or False"):
+        attention(x, sow_weights="yes")

@@ -105,3 +105,32 @@ def test_multi_head_attention_metadata_as_nnx():
         for part in path.split("."):
             a, b = getattr(a, part), getattr(b, part)
         assert a.tag == b.tag
+
+
+def test_dot_product_attention_module_weights_as_nnx():
+    q, k, v = normal(0, (2, 8, 4, 16)), normal(1, (2, 8, 2, 16)), normal(2, (2, 8, 2, 16))
+
+    class Holder(nnx.Module):
+        pass
+
+    theirs, ours = Holder(), pnn.Module()
+    out_theirs = nnx.dot_product_attention(q, k, v, module=theirs)
+    out_ours = pnn.dot_product_attention(q, k, v, module=ours)
+    np.testing.assert_allclose(out_ours, out_theirs, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        ours.attention_weights.value[0], theirs.attention_weights.get_value()[0], rtol=1e-5, atol=1e-6
+    )
+
+
+def test_multi_head_attention_sow_weights_as_nnx():
+    theirs = nnx.MultiHeadAttention(2, 4, decode=False, rngs=nnx.Rngs(0))
+    ours = pnn.MultiHeadAttention(2, 4, rngs=0)
+    for name in ("query", "key", "value", "out"):
+        getattr(ours, name).kernel.value = jnp.asarray(getattr(theirs, name).kernel[...])
+    x = normal(0, (3, 5, 4))
+    np.testing.assert_allclose(
+        ours(x, sow_weights=True), theirs(x, sow_weights=True), rtol=1e-5, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        ours.attention_weights.value[0], theirs.attention_weights.get_value()[0], rtol=1e-5, atol=1e-6
+    )

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pytree_graph import Cache
+from pytree_graph import Cache, Intermediate
 from pytree_module import data
 
 from . import initializers
@@ -276,6 +276,7 @@ def _einsum_attention(
     is_causal: bool,
     dropout: tuple[jax.Array, float, bool] | None,
     precision: Any,
+    sow: Callable[[jax.Array], None] | None = None,
 ) -> jax.Array:
     """Attention by explicit einsums and softmax, computed as the XLA implementation of
     `jax.nn.dot_product_attention` computes it (logits in at least float32, scaled after
@@ -311,6 +312,9 @@ def _einsum_attention(
         large_negative = jnp.asarray(-0.7 * jnp.finfo(logits_dtype).max, logits_dtype)
         logits = jnp.where(with_rank(mask, logits.ndim), logits, large_negative)
     weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
+    if sow is not None:
+        # Recorded before dropout, as Flax NNX records them.
+        sow(weights)
     if dropout is not None:
         dropout_rng, dropout_rate, broadcast_dropout = dropout
         # One mask for every batch entry and head: broadcast over all but (q, k).
@@ -335,6 +339,7 @@ def dot_product_attention(
     precision: Any = None,
     is_causal: bool = False,
     implementation: str | None = None,
+    module: Any = None,
 ) -> jax.Array:
     """Scaled dot-product attention, each head separately: `softmax(q k^T / sqrt(d)) v`.
 
@@ -379,6 +384,11 @@ def dot_product_attention(
             compute the call, else einsums), `"einsum"` (always the explicit einsums),
             or `"xla"`/`"cudnn"` (`jax.nn.dot_product_attention` with that
             implementation; an error where it cannot compute the call).
+        module: None, or a Module to record the attention weights in, as Flax NNX's
+            `module=`: `module.sow(Intermediate, "attention_weights", weights)` with the
+            weights `(batch..., num_heads, q_length, kv_length)` before dropout (read them
+            with `pytree_graph.pop(module, Intermediate)`). The weights exist only on the
+            einsum path, which then runs.
 
     Returns:
         The attended values, `(batch..., q_length, num_heads, v_head_dim)`.
@@ -418,6 +428,23 @@ def dot_product_attention(
             "dot_product_attention: implementation must be None, 'einsum', 'xla' or "
             f"'cudnn', got {implementation!r}."
         )
+    sow = None
+    if module is not None:
+        if not callable(getattr(module, "sow", None)):
+            raise TypeError(
+                "dot_product_attention: module must be a Module (whose sow method records "
+                f"the attention weights), got {type(module).__name__}."
+            )
+        if implementation in ("xla", "cudnn"):
+            raise ValueError(
+                f"dot_product_attention: implementation={implementation!r} never forms the "
+                "attention weights, so module= cannot record them; leave implementation=None."
+            )
+        implementation = "einsum"
+
+        def sow(weights: jax.Array) -> None:
+            module.sow(Intermediate, "attention_weights", weights)
+
     dropping = not deterministic and dropout_rate > 0.0
     if dropping and dropout_rng is None:
         raise ValueError(
@@ -438,7 +465,7 @@ def dot_product_attention(
                 "Leave implementation=None to fall back to the einsum path."
             )
     dropout = (dropout_rng, dropout_rate, broadcast_dropout) if dropping else None
-    return _einsum_attention(query, key, value, bias, mask, is_causal, dropout, precision)
+    return _einsum_attention(query, key, value, bias, mask, is_causal, dropout, precision, sow)
 
 
 def _check_positions(name: str, positions: Any, target: tuple[int, ...]) -> None:
@@ -899,6 +926,7 @@ class MultiHeadAttention(Module):
         is_causal: bool = False,
         positions: Any = None,
         kv_positions: Any = None,
+        sow_weights: bool = False,
     ) -> jax.Array:
         """Attend from `inputs_q` to `inputs_k`/`inputs_v` (by default: to itself).
 
@@ -924,6 +952,9 @@ class MultiHeadAttention(Module):
             kv_positions: with `rotary`, the positions of the keys, broadcastable to
                 `(batch..., kv_length)` (default: `positions` when given, else as for
                 `positions`); needed only when the keys are another sequence.
+            sow_weights: record this call's attention weights in the layer, as Flax NNX:
+                `attention_fn` gets `module=self` (see `dot_product_attention`), and
+                `pytree_graph.pop(layer, Intermediate)["attention_weights"]` reads them.
 
         Returns:
             `(batch..., q_length, out_features)`.
@@ -931,6 +962,10 @@ class MultiHeadAttention(Module):
         if not isinstance(is_causal, bool):
             raise TypeError(
                 f"MultiHeadAttention: is_causal must be True or False, got {is_causal!r}."
+            )
+        if not isinstance(sow_weights, bool):
+            raise TypeError(
+                f"MultiHeadAttention: sow_weights must be True or False, got {sow_weights!r}."
             )
         if inputs_k is None:
             if inputs_v is not None:
@@ -992,6 +1027,7 @@ class MultiHeadAttention(Module):
             dtype=self.dtype,
             precision=self.precision,
             **causal,
+            **({"module": self} if sow_weights else {}),
         )
         out = self.out(x)
         if overflow is not None:
