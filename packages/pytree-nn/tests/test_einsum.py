@@ -132,10 +132,11 @@ def test_einsum_shardings_become_metadata():
             r"names 3 kernel axes \('dhk'\).*kernel_shape=\(3, 4\)",
         ),
         (
-            ("bd,d...->b...", (3, 4)),
+            ("bd,dh...->bh...", (3,)),
             ValueError,
-            r"kernel's subscripts.*name each axis with a letter",
+            r"names 2 kernel axes besides '...' \('dh...'\).*kernel_shape=\(3,\) has only 1",
         ),
+        (("bd,d..h...->bh", (3, 4)), ValueError, r"kernel's subscripts 'd..h...'"),
         (("b1,1h->bh", (3, 4)), ValueError, r"'1' in the input's subscripts 'b1'"),
         (("bd,dh->bz", (3, 4)), ValueError, r"output subscripts 'z' that are in neither"),
         (("bd,dh->...h", (3, 4)), ValueError, r"'\.\.\.' in the output but not in the input"),
