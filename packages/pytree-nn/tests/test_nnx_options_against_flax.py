@@ -118,7 +118,10 @@ def test_dot_product_attention_module_weights_as_nnx():
     out_ours = pnn.dot_product_attention(q, k, v, module=ours)
     np.testing.assert_allclose(out_ours, out_theirs, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(
-        ours.attention_weights.value[0], theirs.attention_weights.get_value()[0], rtol=1e-5, atol=1e-6
+        ours.attention_weights.value[0],
+        theirs.attention_weights.get_value()[0],
+        rtol=1e-5,
+        atol=1e-6,
     )
 
 
@@ -132,5 +135,8 @@ def test_multi_head_attention_sow_weights_as_nnx():
         ours(x, sow_weights=True), theirs(x, sow_weights=True), rtol=1e-5, atol=1e-5
     )
     np.testing.assert_allclose(
-        ours.attention_weights.value[0], theirs.attention_weights.get_value()[0], rtol=1e-5, atol=1e-6
+        ours.attention_weights.value[0],
+        theirs.attention_weights.get_value()[0],
+        rtol=1e-5,
+        atol=1e-6,
     )
