@@ -1,5 +1,6 @@
 """pytree_nn: neural-network layers, Rngs, Optimizer and checkpoints on the pytree packages."""
 
+from . import dtypes as dtypes
 from . import initializers as initializers
 from . import metrics as metrics
 from .__about__ import __version__ as __version__
