@@ -19,6 +19,8 @@ from ._custom_vjp import custom_vjp as custom_vjp
 from ._eval_shape import abstract_with_sharding as abstract_with_sharding
 from ._eval_shape import eval_shape as eval_shape
 from ._eval_shape import get_abstract_model as get_abstract_model
+from ._graph_mode import set_graph_mode as set_graph_mode
+from ._graph_mode import set_graph_updates as set_graph_updates
 from ._graphdef import GraphDef as GraphDef
 from ._graphdef import merge as merge
 from ._iteration import iter_children as iter_children
