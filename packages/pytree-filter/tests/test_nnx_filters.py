@@ -8,8 +8,10 @@ import pytest
 
 from pytree_filter import (
     Any,
+    Nothing,
     OfType,
     PathContains,
+    WithTag,
     filter,
     is_array,
     partition,
@@ -111,3 +113,20 @@ def test_path_contains_substrings():
     }
     with pytest.raises(TypeError, match="exact must be True or False"):
         PathContains("bias", exact="no")
+
+
+def test_a_string_is_a_tag_and_none_is_nothing():
+    class Stream:
+        def __init__(self, tag):
+            self.tag = tag
+
+    dropout = to_predicate("dropout")
+    assert dropout == WithTag("dropout") and hash(dropout) == hash(WithTag("dropout"))
+    assert repr(dropout) == "WithTag('dropout')"
+    assert dropout((), Stream("dropout")) and not dropout((), Stream("params"))
+    assert not dropout(("dropout",), 1.0)  # a tag, never a path entry
+    assert to_predicate(None) == Nothing() and not to_predicate(None)((), 1)
+    either = to_predicate(("params", PathContains("head")))
+    assert either((), Stream("params")) and either(("head",), 1) and not either((), 1)
+    with pytest.raises(AttributeError, match="immutable"):
+        dropout.tag = "params"

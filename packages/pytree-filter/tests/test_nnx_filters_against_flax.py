@@ -52,3 +52,16 @@ def test_the_same_selection_as_nnx(spec):
 @pytest.mark.parametrize("exact", [True, False])
 def test_path_contains_as_nnx(key, exact):
     _same(PathContains(key, exact=exact), filterlib.PathContains(key, exact=exact))
+
+
+class _Tagged:
+    def __init__(self, tag):
+        self.tag = tag
+
+
+@pytest.mark.parametrize("spec", ["dropout", None, ("params", int), ["x", None]])
+def test_strings_and_none_as_flax_nnx_reads_them(spec):
+    ours, theirs = to_predicate(spec), filterlib.to_predicate(spec)
+    for value in [*VALUES, _Tagged("dropout"), _Tagged("params"), _Tagged("x")]:
+        for path in PATHS:
+            assert bool(ours(path, value)) == bool(theirs(path, value)), (spec, path, value)

@@ -112,11 +112,27 @@ def test_prefix_mismatch_says_where():
         filter(tree, {"a": (True, True), "b": True})
 
 
+def test_none_is_nothing_as_in_flax_nnx():
+    assert filter([1, 2], None) == [None, None]
+    assert filter({"a": 1, "b": 2}, {"a": None, "b": True}) == {"a": None, "b": 2}
+    assert partition({"a": 1}, None) == ({"a": None}, {"a": 1})
+
+
+def test_a_string_is_a_tag():
+    class Tagged:
+        def __init__(self, tag):
+            self.tag = tag
+
+    tree = [Tagged("params"), Tagged("dropout"), 3]
+    kept = filter(tree, "dropout", is_leaf=lambda x: isinstance(x, Tagged))
+    assert [getattr(x, "tag", x) for x in kept] == [None, "dropout", None]
+
+
 def test_bad_specs():
-    with pytest.raises(TypeError, match="None is not a filter"):
-        filter([1], None)
-    with pytest.raises(TypeError, match=r"PathContains\('x'\)"):
+    with pytest.raises(ValueError, match="the spec has a dict, the pytree a list"):
         filter([1], {"a": "x"})
+    with pytest.raises(TypeError, match="Unsupported filter 3"):
+        filter([1], 3)
     with pytest.raises(TypeError, match="at least one filter spec"):
         partition([1])
     with pytest.raises(TypeError, match="at least one pytree"):

@@ -9,6 +9,7 @@ from ._filters import Not as Not
 from ._filters import Nothing as Nothing
 from ._filters import OfType as OfType
 from ._filters import PathContains as PathContains
+from ._filters import WithTag as WithTag
 from ._filters import to_predicate as to_predicate
 from ._partition import combine as combine
 from ._partition import filter as filter

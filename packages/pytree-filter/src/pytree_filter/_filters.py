@@ -203,6 +203,39 @@ class PathContains(_Value):
         )
 
 
+class WithTag(_Value):
+    """Matches values whose `tag` attribute equals `tag`; a string in a filter means this.
+
+    Flax NNX's string filters: an `RngStream` and its `RngKey` and `RngCount` Variables
+    carry the stream's name as `tag`, so `"dropout"` selects that stream's state (in
+    `StateAxes`, `split_rngs(only=...)`, `pg.state(model, "dropout")`). Values without a
+    `tag` never match; to select by attribute or key name use `PathContains`.
+
+    Arguments:
+        tag: the tag to match.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> from pytree_filter import WithTag, to_predicate
+        >>> to_predicate("dropout") == WithTag("dropout")
+        True
+        >>> WithTag("dropout")((), SimpleNamespace(tag="dropout")), WithTag("dropout")((), 1.0)
+        (True, False)
+    """
+
+    __slots__ = ("tag",)
+    _fields = ("tag",)
+    needs_path = False
+
+    def __init__(self, tag: str):
+        if not isinstance(tag, str):
+            raise TypeError(f"WithTag expects the tag as a str (such as 'dropout'), got {tag!r}.")
+        _init(self, tag=tag)
+
+    def __call__(self, path: Path, value: AnyType) -> bool:
+        return getattr(value, "tag", None) == self.tag
+
+
 class _Combination(_Value):
     __slots__ = ("filters",)
     _fields = ("filters",)
@@ -375,10 +408,10 @@ def as_filter(spec: AnyType) -> Filter:
     if isinstance(spec, type):
         return OfType(spec)
     if isinstance(spec, str):
-        raise TypeError(
-            f"The string {spec!r} is not a filter. To select leaves by attribute or key "
-            f"name, use PathContains({spec!r})."
-        )
+        # Flax NNX's reading of a string: a tag (a random stream's name), not a path entry.
+        return WithTag(spec)
+    if spec is None:
+        return _NOTHING
     if isinstance(spec, tuple | list):
         # Flax NNX's spelling of `Any`; a tuple of types stays one `OfType` (one isinstance).
         if spec and all(isinstance(t, type) for t in spec):
@@ -389,8 +422,9 @@ def as_filter(spec: AnyType) -> Filter:
     raise TypeError(
         f"Unsupported filter {spec!r} of type {type(spec).__name__}. A filter is one of: "
         "True or False; a predicate `f(leaf) -> bool` such as `is_array`, or `f(path, "
-        "leaf) -> bool`; a type (its instances are selected whole); `...` (everything); a "
-        "filter object (OfType, PathContains, Any, All, Not, Everything, Nothing); a tuple "
+        "leaf) -> bool`; a type (its instances are selected whole); `...` (everything); "
+        "None (nothing); a str (a tag, such as a random stream's name); a filter object "
+        "(OfType, PathContains, WithTag, Any, All, Not, Everything, Nothing); a tuple "
         "or list of filters (any of them); and, for filter/partition, a prefix pytree of "
         "those."
     )
@@ -410,7 +444,8 @@ def to_predicate(filter_: AnyType) -> Callable[[Path, AnyType], bool]:
 
     Arguments:
         filter_: `True`/`False`, a function `f(leaf)` or `f(path, leaf)`, a type, `...`,
-            a filter object, or a tuple or list of filters.
+            `None` (nothing), a string (`WithTag`: values whose `tag` is that string, as
+            Flax NNX reads a string), a filter object, or a tuple or list of filters.
 
     Returns:
         A filter object, called as `predicate(path, value)`. Its `leaf_types()` says which

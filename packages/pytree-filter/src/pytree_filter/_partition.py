@@ -19,7 +19,8 @@ _NOT_GIVEN: Any = object()
 
 
 def _is_spec_leaf(x: Any) -> bool:
-    return isinstance(x, Filter | type | bool) or x is Ellipsis
+    # None is a leaf here (Nothing, as in Flax NNX), not the empty subtree JAX makes of it.
+    return isinstance(x, Filter | type | bool) or x is Ellipsis or x is None
 
 
 def _convert(spec: Any) -> "_Spec":
@@ -40,11 +41,6 @@ class _Spec:
     __slots__ = ("filters", "leaf_types", "needs_path", "predicate", "prefix")
 
     def __init__(self, spec: Any):
-        if spec is None:
-            raise TypeError(
-                "None is not a filter. Pass True/False, a predicate such as `is_array`, a "
-                "type, `...`, a filter object, or a prefix pytree of those."
-            )
         leaves, prefix = jax.tree.flatten(spec, is_leaf=_is_spec_leaf)
         # A single filter (the common case) needs no prefix matching.
         self.prefix: PyTreeDef | None = (

@@ -88,8 +88,10 @@ class RngStream(Module):
             raise TypeError(f"RngStream(tag=...) must be a str (the stream's name), got {tag!r}.")
         key = _as_key(key, f"RngStream(tag={tag!r})")
         self.tag = tag
-        self.key = RngKey(key)
-        self.count = RngCount(jnp.zeros(key.shape, jnp.uint32))
+        # The Variables carry the name too, so that a string filter ("dropout", Flax NNX's
+        # tag filter) selects this stream's state in StateAxes, DiffState, pg.state, ...
+        self.key = RngKey(key, tag=tag)
+        self.count = RngCount(jnp.zeros(key.shape, jnp.uint32), tag=tag)
 
     def __call__(self) -> jax.Array:
         """A new key: the root key folded with the count, which then goes up by one."""
