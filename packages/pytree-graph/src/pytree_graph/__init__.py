@@ -33,6 +33,11 @@ from ._make_jaxpr import make_jaxpr as make_jaxpr
 from ._metadata import set_metadata as set_metadata
 from ._metadata import with_metadata as with_metadata
 from ._metadata import with_partitioning as with_partitioning
+from ._partitions import NOTHING as NOTHING
+from ._partitions import PartitionDef as PartitionDef
+from ._partitions import get_partition as get_partition
+from ._partitions import merge_partitions as merge_partitions
+from ._partitions import tree_partition as tree_partition
 from ._pmap import pmap as pmap
 from ._prefix import PrefixAxes as PrefixAxes
 from ._prefix import prefix as prefix
@@ -45,6 +50,7 @@ from ._refs import VariableIndex as VariableIndex
 from ._refs import VariableValue as VariableValue
 from ._refs import deref as deref
 from ._refs import reref as reref
+from ._refs import update_refs as update_refs
 from ._remat import remat as remat
 from ._shard_map import shard_map as shard_map
 from ._sharding import create_sharded as create_sharded

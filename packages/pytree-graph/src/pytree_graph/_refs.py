@@ -7,9 +7,30 @@ import jax
 from ._variables import Variable, _Kind, is_variable
 
 
+def _metadata_entry(reference: Any, name: str) -> Any:
+    # A Variable's metadata reads as attributes (`x.collection`); so it does on what `deref`
+    # leaves in its place, for predicates written for either (refx's `by_collection`).
+    if name.startswith("__"):
+        raise AttributeError(name)
+    try:
+        return reference.kind.metadata[name]
+    except KeyError:
+        raise AttributeError(
+            f"{type(reference).__name__} of a {reference.kind.cls.__name__} has no attribute "
+            f"or metadata {name!r}."
+        ) from None
+
+
 class VariableValue:
     """What `deref` puts where a Variable was first met: its value, and in the treedef its
-    type, metadata and index. A pytree whose only leaf is the value."""
+    type, metadata and index. A pytree whose only leaf is the value.
+
+    Attributes:
+        value: the Variable's value (a leaf).
+        type: the Variable's type (`Param`, ...), for predicates that partition by it.
+            The Variable's metadata reads as attributes too (`x.collection`).
+        index: the number `VariableIndex`es of the same Variable point at.
+    """
 
     __slots__ = ("index", "kind", "value")
 
@@ -18,21 +39,41 @@ class VariableValue:
         self.kind = kind
         self.index = index
 
+    @property
+    def type(self) -> type:
+        return self.kind.cls
+
+    def __getattr__(self, name: str) -> Any:
+        return _metadata_entry(self, name)
+
     def __repr__(self) -> str:
         return f"VariableValue({self.kind.cls.__name__}, index={self.index}, value={self.value!r})"
 
 
 class VariableIndex:
     """What `deref` puts where an already-met Variable appears again: a pytree with no
-    leaves, pointing at the `VariableValue` of the same index."""
+    leaves, pointing at the `VariableValue` of the same index.
 
-    __slots__ = ("index",)
+    Attributes:
+        type: the Variable's type, as `VariableValue.type`.
+        index: the index of the `VariableValue` it stands for.
+    """
 
-    def __init__(self, index: int):
+    __slots__ = ("index", "kind")
+
+    def __init__(self, index: int, kind: _Kind):
         self.index = index
+        self.kind = kind
+
+    @property
+    def type(self) -> type:
+        return self.kind.cls
+
+    def __getattr__(self, name: str) -> Any:
+        return _metadata_entry(self, name)
 
     def __repr__(self) -> str:
-        return f"VariableIndex({self.index})"
+        return f"VariableIndex({self.kind.cls.__name__}, index={self.index})"
 
 
 jax.tree_util.register_pytree_with_keys(
@@ -42,7 +83,7 @@ jax.tree_util.register_pytree_with_keys(
     lambda v: ((v.value,), (v.kind, v.index)),
 )
 jax.tree_util.register_pytree_node(
-    VariableIndex, lambda v: ((), v.index), lambda i, _: VariableIndex(i)
+    VariableIndex, lambda v: ((), (v.index, v.kind)), lambda aux, _: VariableIndex(*aux)
 )
 
 
@@ -91,7 +132,7 @@ def deref(tree: Any) -> Any:
                 children, kind = leaf._pg_flat
                 leaf = VariableValue(children[0], kind, found)
             else:
-                leaf = VariableIndex(found)
+                leaf = VariableIndex(found, leaf._pg_flat[1])
         out.append(leaf)
     return treedef.unflatten(out)
 
@@ -132,22 +173,47 @@ def reref(tree: Any) -> Any:
     return treedef.unflatten(out)
 
 
-def update_refs(target: Any, source: Any) -> None:
+def update_refs(target: Any, source: Any, *, where: str = "update_refs") -> None:
     """Write the values of `source` into the Variables of `target`, place by place.
 
     `source` has `target`'s structure, with a Variable, a `VariableValue`, a
     `VariableIndex` (skipped: the shared Variable is written where its value is) or a
-    bare value in each Variable's place.
+    bare value in each Variable's place. `target` is any pytree holding Variables: a model,
+    or a partition of one (`get_partition`), whose `NOTHING` places hold no values. Every
+    place is checked before any Variable is written.
+
+    Arguments:
+        target: a pytree holding the Variables to write.
+        source: a pytree of the same structure holding the new values.
+        where: the name errors give the caller (internal callers pass theirs).
+
+    Raises:
+        ValueError: `source` does not have `target`'s structure (nothing is written).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_graph import Param, deref, update_refs
+        >>> shared = Param(jnp.ones(2))
+        >>> tree = {"a": [shared, shared], "b": 3}
+        >>> doubled = jax.tree.map(lambda x: 2 * x, deref(tree))
+        >>> update_refs(tree, doubled)
+        >>> shared.value
+        Array([2., 2.], dtype=float32)
     """
     targets, target_def = jax.tree_util.tree_flatten(target, is_leaf=is_variable)
     sources, source_def = jax.tree_util.tree_flatten(source, is_leaf=_is_ref_leaf)
     if len(targets) != len(sources):
         raise ValueError(
-            f"update: the source has {len(sources)} places for values but the target has "
+            f"{where}: the source has {len(sources)} places for values but the target has "
             f"{len(targets)}. Pass a source with the target's structure (from `deref(target)` "
             f"or a matching partition).\n  target: {target_def}\n  source: {source_def}"
         )
+    writes = []
     for variable, value in zip(targets, sources, strict=True):
         if not isinstance(variable, Variable) or isinstance(value, VariableIndex):
             continue
-        variable.value = value.value if isinstance(value, Variable | VariableValue) else value
+        writes.append(
+            (variable, value.value if isinstance(value, Variable | VariableValue) else value)
+        )
+    for variable, value in writes:
+        variable.value = value

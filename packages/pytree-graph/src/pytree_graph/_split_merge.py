@@ -315,7 +315,7 @@ def update(node: Any, *states: Any) -> None:
                 "(from deref, or of Variables or values)."
             )
         if not _is_pure_dict(states[0]):
-            update_refs(node, states[0])
+            update_refs(node, states[0], where="update")
             return
         values = checked_pure_dict(_every_path(node), states[0], "update", partial=True)
         states = (State.from_flat_path(values),)
