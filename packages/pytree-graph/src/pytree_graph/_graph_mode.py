@@ -100,8 +100,8 @@ class set_graph_mode(_Switch):
     Arguments:
         value: `True` for graph mode, `False` for tree mode.
 
-    Returns:
-        An object usable as a context manager or a decorator (a plain call needs neither).
+    The object made is usable as a context manager or a decorator; a plain call needs
+    neither.
 
     Example:
         >>> import pytree_graph as pg
@@ -127,8 +127,8 @@ class set_graph_updates(_Switch):
     Arguments:
         value: `True` to write structure back, `False` for values only.
 
-    Returns:
-        An object usable as a context manager or a decorator (a plain call needs neither).
+    The object made is usable as a context manager or a decorator; a plain call needs
+    neither.
 
     Example:
         >>> import pytree_graph as pg

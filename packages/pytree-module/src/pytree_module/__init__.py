@@ -6,8 +6,11 @@ from ._abstract import AbstractVar as AbstractVar
 from ._check import check_module as check_module
 from ._containers import Dict as Dict
 from ._containers import List as List
+from ._dataclass import dataclass as dataclass
 from ._enumeration import Enumeration as Enumeration
 from ._errors import TraceContextError as TraceContextError
+from ._field import Data as Data
+from ._field import Static as Static
 from ._field import field as field
 from ._module import Module as Module
 from ._partial import Partial as Partial

@@ -2,7 +2,9 @@
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any, TypeVar
+
+T = TypeVar("T")
 
 # Metadata keys that a plain `dataclasses.field(metadata={"static": True})` (Equinox's older
 # spelling) uses for the options. `field` keeps its options on the Field object instead, so
@@ -17,11 +19,47 @@ class ModuleField(dataclasses.Field):
     __slots__ = ("converter", "static")
 
 
-def field_is_static(f: dataclasses.Field) -> bool:
-    """Whether an annotated field was declared static."""
-    if isinstance(f, ModuleField):
+# The markers of `Data[T]` and `Static[T]` inside `typing.Annotated`.
+DATA_MARK = "__data__"
+STATIC_MARK = "__static__"
+
+Data = Annotated[T, DATA_MARK]
+"""`x: Data[int]` declares field `x` data (a pytree leaf), whatever its value; as Flax NNX's."""
+
+Static = Annotated[T, STATIC_MARK]
+"""`x: Static[int]` declares field `x` static (in the treedef); as Flax NNX's."""
+
+
+def _annotated_static(annotation: Any) -> bool | None:
+    """Whether `Data[...]` (False) or `Static[...]` (True) marks the annotation, else None."""
+    if isinstance(annotation, str):
+        # `from __future__ import annotations`: the text, read as the marker it names.
+        head = annotation.split("[", 1)[0].rsplit(".", 1)[-1].strip()
+        return {"Data": False, "Static": True}.get(head) if "[" in annotation else None
+    for mark in getattr(annotation, "__metadata__", ()):
+        if mark == DATA_MARK:
+            return False
+        if mark == STATIC_MARK:
+            return True
+    return None
+
+
+def declared_static(f: dataclasses.Field) -> bool | None:
+    """Whether a field was declared static (True), declared data (False), or neither (None).
+
+    Declared by `field(static=...)` / `data()` / `static()`, a plain dataclass field's
+    `metadata={"static": ...}`, or a `Data[...]` / `Static[...]` annotation.
+    """
+    if isinstance(f, ModuleField) and f.static is not None:
         return f.static
-    return bool(f.metadata.get(STATIC, False))
+    if STATIC in f.metadata:
+        return bool(f.metadata[STATIC])
+    return _annotated_static(f.type)
+
+
+def field_is_static(f: dataclasses.Field) -> bool:
+    """Whether an annotated field was declared static (fields are data unless declared)."""
+    return bool(declared_static(f))
 
 
 def field_converter(f: dataclasses.Field) -> Callable[[Any], Any] | None:
@@ -33,7 +71,7 @@ def field_converter(f: dataclasses.Field) -> Callable[[Any], Any] | None:
 
 def field(
     *,
-    static: bool = False,
+    static: bool | None = None,
     converter: Callable[[Any], Any] | None = None,
     default: Any = dataclasses.MISSING,
     default_factory: Callable[[], Any] | Any = dataclasses.MISSING,
@@ -47,8 +85,10 @@ def field(
     Annotated attributes are *data* (pytree children) unless declared static here.
 
     Arguments:
-        static: keep the value in the treedef instead of the leaves. Static values must be
-            hashable (lists, dicts and sets of hashable values are hashed by content) and
+        static: keep the value in the treedef instead of the leaves (`True`), or in the
+            leaves (`False`); left out, the field is data, except in a class decorated
+            with `dataclass`, where its value decides as for any attribute. Static values
+            must be hashable (lists, dicts and sets of hashable values are hashed by content) and
             may not contain arrays.
         converter: called once on the value after `__init__` returns, before the
             statuses are settled and before `__check_init__` runs. The generated
@@ -80,7 +120,7 @@ def field(
         >>> dict(dataclasses.fields(Documented)[0].metadata)
         {'doc': 'a size'}
     """
-    if not isinstance(static, bool):
+    if static is not None and not isinstance(static, bool):
         raise TypeError(f"field(static=...) must be True or False, got {static!r}.")
     if converter is not None and not callable(converter):
         raise TypeError(f"field(converter=...) must be callable, got {converter!r}.")

@@ -151,7 +151,11 @@ class _ModuleMeta(type):
         )
         _make_dataclass(cls, init=generated_init)
         cls.__module_info__ = info = ModuleInfo.of(
-            cls, frozen=frozen, pytree=pytree, custom_init=custom_init
+            cls,
+            frozen=frozen,
+            pytree=pytree,
+            custom_init=custom_init,
+            infer_fields=inherited is not None and inherited.infer_fields,
         )
         # Python refuses to instantiate a class whose `__abstractmethods__` is not empty,
         # which honours `@abc.abstractmethod` without `ABCMeta` and its slower isinstance.

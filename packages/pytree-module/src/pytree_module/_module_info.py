@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._abstract import abstract_attributes
-from ._field import field_converter, field_is_static
+from ._field import declared_static, field_converter
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -31,7 +31,8 @@ class ModuleInfo:
     field_index: dict[str, int]
     """Field name -> position in `fields`: declared fields come first in a layout."""
     field_static: dict[str, bool]
-    """Field name -> whether it is declared static (`field(static=True)`)."""
+    """Field name -> whether it is declared static (`field(static=True)`). A field left out
+    has no declared status: its value decides (fields of a `dataclass`-decorated class)."""
     converters: tuple[tuple[str, Callable[[Any], Any]], ...]
     """(field name, converter) for the fields declared with `field(converter=...)`."""
     class_provided: frozenset[str]
@@ -45,13 +46,33 @@ class ModuleInfo:
     """`AbstractClassVar` names that no class provides: instantiation is refused."""
     descriptors: dict[str, bool]
     """Cache: attribute name -> whether a class-level data descriptor handles it."""
+    infer_fields: bool = False
+    """`dataclass`-decorated (or below one): undeclared fields take their value's status."""
 
     @classmethod
     def of(
-        cls, module_class: type, *, frozen: bool, pytree: bool, custom_init: bool
+        cls,
+        module_class: type,
+        *,
+        frozen: bool,
+        pytree: bool,
+        custom_init: bool,
+        infer_fields: bool = False,
     ) -> "ModuleInfo":
-        """Work out the facts of `module_class`, once it is a dataclass."""
+        """Work out the facts of `module_class`, once it is a dataclass.
+
+        With `infer_fields` (a class decorated with `dataclass`), a field declared neither
+        data nor static gets its status from its value, as an attribute set in `__init__`
+        does; otherwise it is data (Equinox's rule).
+        """
         fields = dataclasses.fields(module_class)
+        field_static = {}
+        for f in fields:
+            static = declared_static(f)
+            if static is None and not infer_fields:
+                static = False
+            if static is not None:
+                field_static[f.name] = static
         abstract_vars, abstract_class_vars = abstract_attributes(module_class)
         return cls(
             frozen=frozen,
@@ -59,7 +80,7 @@ class ModuleInfo:
             custom_init=custom_init,
             fields=fields,
             field_index={f.name: i for i, f in enumerate(fields)},
-            field_static={f.name: field_is_static(f) for f in fields},
+            field_static=field_static,
             converters=tuple(
                 (f.name, converter) for f in fields if (converter := field_converter(f)) is not None
             ),
@@ -74,6 +95,7 @@ class ModuleInfo:
             abstract_vars=abstract_vars,
             abstract_class_vars=abstract_class_vars,
             descriptors={},
+            infer_fields=infer_fields,
         )
 
     def is_data_descriptor(self, cls: type, name: str) -> bool:
