@@ -123,3 +123,17 @@ def test_distribution_shortcuts_draw_as_nnxs(name):
         getattr(ours.dropout, name)(*args), getattr(theirs.dropout, name)(*args)
     )
     assert count(ours.default) == count(theirs.default) == 2
+
+
+@pytest.mark.parametrize("num", [3, (2, 3), {"default": 4, "dropout": None}, {...: (2,)}])
+def test_broadcast_gives_nnxs_keys(num):
+    ours, theirs = pair(default=0, dropout=1)
+    ours_b, theirs_b = ours.broadcast(num), theirs.broadcast(num)
+    for name in ("default", "dropout"):
+        our_key, their_key = ours_b[name].key.value, theirs_b[name].key[...]
+        assert our_key.shape == their_key.shape
+        if our_key.shape:  # a broadcast stream: the same repeated key as NNX's
+            np.testing.assert_array_equal(
+                jax.random.key_data(our_key), jax.random.key_data(their_key)
+            )
+    assert count(ours.default) == count(theirs.default) == 1

@@ -179,3 +179,37 @@ def test_rng_state_selects_every_stream_variable_in_a_model():
     _, rng_part, params = pg.split(net, RngState, ...)
     assert sorted(params.flat_state()) == [("linear", "bias"), ("linear", "kernel")]
     assert {type(v) for v in rng_part.flat_state().values()} == {RngKey, RngCount}
+
+
+def test_broadcast_repeats_one_key_split_gives_many():
+    stream = RngStream(0, tag="noise")
+    stack = stream.broadcast((2, 3))
+    assert stack.key.value.shape == (2, 3) and stack.count.value.shape == (2, 3)
+    assert stack.tag == "noise" and stack.key.tag == "noise"
+    data = jax.random.key_data(stack.key.value).reshape(6, -1)
+    assert bool((data == data[0]).all())
+    assert int(stream.count.value) == 1  # the stream advanced by one key
+
+    rngs = Rngs(params=1, dropout=2, noise=3)
+    out = rngs.broadcast({"params": 5, "dropout": None, ...: (2, 5)})
+    assert out.params.key.value.shape == (5,)
+    assert out.dropout.key.value.shape == () and out.dropout is not rngs.dropout
+    assert out.noise.key.value.shape == (2, 5)
+    assert Rngs(0).broadcast(None).default.key.value.shape == ()
+
+    @jax.vmap
+    def draw(rngs):
+        return jax.random.normal(rngs.default(), ())
+
+    same = draw(Rngs(0).broadcast(4))
+    differ = draw(Rngs(0).split(4))
+    assert bool((same == same[0]).all()) and not bool((differ == differ[0]).all())
+
+
+def test_broadcast_refuses_bad_sizes_and_names():
+    rngs = Rngs(0, dropout=1)
+    with pytest.raises(ValueError, match=r"Rngs.broadcast\(num\)"):
+        rngs.broadcast(-1)
+    with pytest.raises(ValueError, match=r"no stream called 'noise'"):
+        rngs.broadcast({"noise": 2})
+    assert int(rngs.default.count.value) == 0  # nothing advanced

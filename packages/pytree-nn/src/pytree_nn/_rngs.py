@@ -110,6 +110,22 @@ class RngStream(Module):
         (as Flax NNX's `RngStream.fork`). This stream advances by one key."""
         return RngStream(self(), tag=self.tag)
 
+    def broadcast(self, num: int | tuple[int, ...]) -> "RngStream":
+        """A stack of `num` identical streams, for `vmap` or `scan` to give every example or
+        step the same keys (as Flax NNX's `RngStream.broadcast`; `split` gives different
+        ones). Its root key is this stream's next key; this stream advances by one key.
+
+        Examples:
+            >>> from pytree_nn import RngStream
+            >>> stack = RngStream(0).broadcast(3)
+            >>> stack.key.value.shape, bool((stack.key.value[0] == stack.key.value[2]).all())
+            ((3,), True)
+        """
+        shape = _check_num(num, f"RngStream {self.tag!r}: broadcast(num)")
+        shape = (shape,) if isinstance(shape, int) else shape
+        key = self()
+        return RngStream(jnp.broadcast_to(key, shape + key.shape), tag=self.tag)
+
 
 def _fold_in(key: jax.Array, count: jax.Array) -> jax.Array:
     fold_in = jax.random.fold_in
@@ -283,30 +299,62 @@ class Rngs(Module):
             >>> [split[name].key.value.shape for name in ("params", "dropout", "noise")]
             [(4,), (), (2, 3)]
         """
+        return self._stack(num, "split")
+
+    def broadcast(self, num: int | tuple[int, ...] | Mapping[Any, Any] | None) -> "Rngs":
+        """Every stream repeated `num` times, stacked: each example of a `vmap` (or step of
+        a `scan`) then draws the same keys, as Flax NNX's `Rngs.broadcast`. `split` gives
+        each its own.
+
+        Arguments:
+            num: how many: an int, a tuple for a stack of that shape, or `None` (no
+                stream broadcast). Or a dict from stream names to those, per stream, with
+                `...` for the streams not named. A stream not broadcast is forked, as in
+                `split`.
+
+        Returns:
+            A new `Rngs`; this one advances by one key per stream.
+
+        Examples:
+            >>> from pytree_nn import Rngs
+            >>> rngs = Rngs(params=1, dropout=2, noise=3).broadcast(
+            ...     {"params": 5, "dropout": None, ...: (2, 5)}
+            ... )
+            >>> [rngs[name].key.value.shape for name in ("params", "dropout", "noise")]
+            [(5,), (), (2, 5)]
+            >>> keys = Rngs(0).broadcast(4).default.key.value
+            >>> bool((keys[0] == keys[3]).all())
+            True
+        """
+        return self._stack(num, "broadcast")
+
+    def _stack(self, num: Any, how: str) -> "Rngs":
         # Checked before any stream advances, so a bad `num` leaves this Rngs as it was.
-        nums = self._split_nums(num)
+        nums = self._stack_nums(num, how)
         new = {
-            name: stream.fork() if nums[name] is None else stream.split(nums[name])
+            name: stream.fork() if nums[name] is None else getattr(stream, how)(nums[name])
             for name, stream in self._items()
         }
         return Rngs(new.pop("default", None), **new)
 
-    def _split_nums(self, num: Any) -> dict[str, Any]:
-        """How to split each stream (None: not split), `num` checked."""
+    def _stack_nums(self, num: Any, how: str) -> dict[str, Any]:
+        """How to split (or broadcast) each stream (None: not at all), `num` checked."""
         names = self.streams()
         if not isinstance(num, Mapping):
-            num = _check_num(num, "Rngs.split(num)")
+            if num is None and how == "broadcast":
+                return dict.fromkeys(names)
+            num = _check_num(num, f"Rngs.{how}(num)")
             return dict.fromkeys(names, num)
         unknown = [name for name in num if name is not Ellipsis and name not in names]
         if unknown:
             raise ValueError(
-                f"Rngs.split({{...}}): no stream called {', '.join(map(repr, unknown))}; the "
+                f"Rngs.{how}({{...}}): no stream called {', '.join(map(repr, unknown))}; the "
                 f"streams are {names}. Name those, or use `...` for all the streams not named, "
-                "e.g. rngs.split({'params': 4, ...: None})."
+                f"e.g. rngs.{how}({{'params': 4, ...: None}})."
             )
         nums = {name: num.get(name, num.get(Ellipsis)) for name in names}
         return {
-            name: None if n is None else _check_num(n, f"Rngs.split({{{name!r}: ...}})")
+            name: None if n is None else _check_num(n, f"Rngs.{how}({{{name!r}: ...}})")
             for name, n in nums.items()
         }
 
