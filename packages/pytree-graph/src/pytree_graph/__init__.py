@@ -80,6 +80,7 @@ from ._variables import Param as Param
 from ._variables import Perturbation as Perturbation
 from ._variables import Variable as Variable
 from ._variables import VariableMetadata as VariableMetadata
+from ._view_info import view_info as view_info
 from ._views import set_attributes as set_attributes
 from ._views import view as view
 from ._views import with_attributes as with_attributes

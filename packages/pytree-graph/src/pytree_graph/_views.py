@@ -18,9 +18,11 @@ from ._split_merge import split
 def _set_view_arguments(module: Module, kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """The arguments of `kwargs` that `module`'s `set_view` method takes, or None if its
     class has no `set_view`."""
-    set_view = getattr(module, "set_view", None)
-    if not callable(set_view):
+    # Looked up on the class: an instance's `__getattr__` may answer any name (an `Rngs`
+    # gives its default stream), which is no `set_view`.
+    if not callable(getattr(type(module), "set_view", None)):
         return None
+    set_view = module.set_view  # type: ignore[attr-defined]
     parameters = inspect.signature(set_view).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return dict(kwargs)

@@ -1104,6 +1104,40 @@ class MultiHeadAttention(Module):
                 f"shapes {shape_k} and {shape_v}."
             )
 
+    def set_view(
+        self,
+        deterministic: bool | None = None,
+        decode: bool | None = None,
+        batch_size: int | Sequence[int] | None = None,
+        max_length: int | None = None,
+    ) -> None:
+        """What `pytree_graph.view` (and `view_info`) set on a MultiHeadAttention layer.
+
+        With `decode=True` and both `batch_size` and `max_length`, an empty cache is made
+        if the layer has none (as `init_cache((*batch_size, max_length, in_features))`);
+        with neither, `init_cache` is left to call later.
+
+        Arguments:
+            deterministic: if True, the module is set to deterministic mode.
+            decode: if True, the module is set to decode mode.
+            batch_size: the batch size to use for the cache.
+            max_length: the max length to use for the cache.
+        """
+        if (batch_size is None) != (max_length is None):
+            missing = "max_length" if max_length is None else "batch_size"
+            raise TypeError(
+                f"MultiHeadAttention.set_view: {missing!r} must be given with "
+                f"{'batch_size' if missing == 'max_length' else 'max_length'} to make the "
+                "decoding cache."
+            )
+        if deterministic is not None:
+            self.deterministic = deterministic
+        if decode is not None:
+            self.decode = decode
+            if decode and batch_size is not None and self.cached_key is None:
+                batch = (batch_size,) if isinstance(batch_size, int) else tuple(batch_size)
+                self.init_cache((*batch, max_length, self.in_features), self.dtype or jnp.float32)
+
     def init_cache(self, input_shape: Sequence[int], dtype: Any = jnp.float32) -> None:
         """Make an empty decoding cache for sequences of shape `input_shape`.
 

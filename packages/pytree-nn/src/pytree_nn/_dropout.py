@@ -86,6 +86,15 @@ class Dropout(Module):
         self.rng_collection = rng_collection
         self.rngs = data(None if rngs is None else forked_rngs(rngs, rng_collection, "Dropout"))
 
+    def set_view(self, deterministic: bool | None = None) -> None:
+        """What `pytree_graph.view` (and `view_info`) set on a Dropout layer.
+
+        Arguments:
+            deterministic: if True, disables dropout masking.
+        """
+        if deterministic is not None:
+            self.deterministic = deterministic
+
     def __call__(
         self,
         x: jax.Array,

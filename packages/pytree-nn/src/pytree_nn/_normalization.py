@@ -800,6 +800,16 @@ class BatchNorm(Module):
         # The key of its entry in an Equinox-style State (see make_with_state).
         self.state_key = None
 
+    def set_view(self, use_running_average: bool | None = None) -> None:
+        """What `pytree_graph.view` (and `view_info`) set on a BatchNorm layer.
+
+        Arguments:
+            use_running_average: if True, the stored batch statistics will be
+                used instead of computing the batch statistics on the input.
+        """
+        if use_running_average is not None:
+            self.use_running_average = use_running_average
+
     def __call__(
         self,
         x: jax.Array,
