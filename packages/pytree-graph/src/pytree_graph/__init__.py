@@ -33,6 +33,7 @@ from ._make_jaxpr import make_jaxpr as make_jaxpr
 from ._metadata import set_metadata as set_metadata
 from ._metadata import with_metadata as with_metadata
 from ._metadata import with_partitioning as with_partitioning
+from ._metadata_decorator import transform_metadata as transform_metadata
 from ._partitions import NOTHING as NOTHING
 from ._partitions import PartitionDef as PartitionDef
 from ._partitions import get_partition as get_partition
