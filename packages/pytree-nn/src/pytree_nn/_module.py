@@ -1,5 +1,6 @@
 """`Module`: pytree_module's Module with the conveniences of a neural-network library."""
 
+import contextvars
 from collections.abc import Callable
 from typing import Any
 
@@ -8,6 +9,12 @@ import jax.numpy as jnp
 import pytree_graph
 import pytree_module
 from pytree_graph import Perturbation, Variable
+
+# The Variable types the innermost `capture` collects, or None outside any capture: there
+# `sow` records, and `perturb` perturbs, only those types.
+CAPTURING: contextvars.ContextVar[frozenset[type] | None] = contextvars.ContextVar(
+    "capturing", default=None
+)
 
 
 def _append(collected: tuple, value: Any) -> tuple:
@@ -45,7 +52,7 @@ class Module(pytree_module.Module):
         value: Any,
         reduce_fn: Callable[[Any, Any], Any] = _append,
         init_fn: Callable[[], Any] = tuple,
-    ) -> None:
+    ) -> bool:
         """Record `value` in the Variable attribute `name` (made on first use).
 
         The Variable holds `reduce_fn(previous, value)`, starting from `init_fn()`: by
@@ -59,9 +66,16 @@ class Module(pytree_module.Module):
             reduce_fn: how to combine the records so far with `value`.
             init_fn: the records before the first call.
 
+        Returns:
+            Whether `value` was recorded: inside `capture`, only the types it collects
+            are (as in Flax NNX).
+
         Raises:
             TypeError: `name` is an attribute that is not a Variable of that type.
         """
+        capturing = CAPTURING.get()
+        if capturing is not None and variable_type not in capturing:
+            return False
         if name in vars(self):
             current = getattr(self, name)
             if not isinstance(current, variable_type):
@@ -73,6 +87,7 @@ class Module(pytree_module.Module):
             current.value = reduce_fn(current.value, value)
         else:
             setattr(self, name, variable_type(reduce_fn(init_fn(), value)))
+        return True
 
     def perturb(self, name: str, value: Any, variable_type: type[Variable] = Perturbation) -> Any:
         """Add a zero perturbation to `value`, so that its gradient can be taken.
@@ -88,8 +103,12 @@ class Module(pytree_module.Module):
             variable_type: the Variable type (default `Perturbation`).
 
         Returns:
-            `value` plus the perturbation (numerically `value`).
+            `value` plus the perturbation (numerically `value`). Inside `capture` a type
+            it does not collect is not perturbed: `value` comes back as is.
         """
+        capturing = CAPTURING.get()
+        if capturing is not None and variable_type not in capturing:
+            return value
         if name not in vars(self):
             setattr(self, name, variable_type(jnp.zeros_like(value)))
         perturbation = getattr(self, name)
