@@ -22,6 +22,7 @@ from ._eval_shape import get_abstract_model as get_abstract_model
 from ._graph_mode import set_graph_mode as set_graph_mode
 from ._graph_mode import set_graph_updates as set_graph_updates
 from ._graphdef import GraphDef as GraphDef
+from ._graphdef import GraphState as GraphState
 from ._graphdef import merge as merge
 from ._iteration import iter_children as iter_children
 from ._iteration import iter_modules as iter_modules
@@ -63,6 +64,7 @@ from ._split_merge import graphdef as graphdef
 from ._split_merge import pop as pop
 from ._split_merge import split as split
 from ._split_merge import state as state
+from ._split_merge import unpack as unpack
 from ._split_merge import update as update
 from ._state import State as State
 from ._transform_metadata import PARTITION_NAME as PARTITION_NAME

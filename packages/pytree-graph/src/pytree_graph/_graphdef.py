@@ -2,7 +2,7 @@
 `Builder`, `build`, and `merge`, which checks States against a graphdef and builds."""
 
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from itertools import repeat
 from operator import itemgetter
 from types import GenericAlias
@@ -23,6 +23,9 @@ from pytree_module.extend import (
 from ._records import DICT, LEAF, LIST, MODULE, OBJECT, PYTREE, SHARED, STATIC, TUPLE, VARIABLE
 from ._records import describe as _describe
 from ._state import Path, State
+from ._state import _flatten as _state_flatten
+from ._state import _flatten_with_keys as _state_flatten_with_keys
+from ._state import _unflatten as _state_unflatten
 from ._variables import Variable, wrote_values
 
 _set_variable = Variable._pg_flat.__set__  # type: ignore[attr-defined]
@@ -95,18 +98,145 @@ class GraphDef:
 
 jax.tree_util.register_static(GraphDef)
 
+
+class GraphState(MutableMapping):
+    """A `State` with the `GraphDef` it belongs to: what `unpack` returns.
+
+    Read and written as its State (`gs["linear"]`, `gs.linear.w`, `len(gs)`), and a
+    pytree with the State's leaves (the graphdef is static), so `jax.tree.map`, `jax.jit`
+    and optax take it as they take a State. `merge(gs)` (or `merge(gs_1, gs_2, ...)`)
+    builds the graph without a graphdef passed on the side.
+
+    Arguments:
+        graphdef: the `GraphDef`.
+        state: the `State` (a ValueError otherwise).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, merge, unpack
+        >>> class Linear(Module):
+        ...     def __init__(self):
+        ...         self.w = Param(jnp.ones(2))
+        >>> gs = unpack(Linear())
+        >>> gs.graphdef.num_leaves, list(gs), gs.w.value.tolist()
+        (1, ['w'], [1.0, 1.0])
+        >>> type(merge(gs)).__name__
+        'Linear'
+    """
+
+    __slots__ = ("_graphdef", "_state")
+
+    def __init__(self, graphdef: GraphDef, state: State) -> None:
+        if not isinstance(graphdef, GraphDef):
+            raise TypeError(
+                f"GraphState takes a GraphDef first, got a {type(graphdef).__name__}."
+            )
+        if not isinstance(state, State):
+            raise ValueError(f"Expected a State object, got {type(state).__name__}")
+        object.__setattr__(self, "_graphdef", graphdef)
+        object.__setattr__(self, "_state", state)
+
+    @property
+    def graphdef(self) -> GraphDef:
+        """The `GraphDef` this state fills."""
+        return self._graphdef
+
+    @property
+    def state(self) -> State:
+        """The `State` itself."""
+        return self._state
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._state, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._state, name, value)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._state[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._state[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        del self._state[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._state)
+
+    def __len__(self) -> int:
+        return len(self._state)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._state
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, GraphState):
+            return NotImplemented
+        return self._graphdef == other._graphdef and self._state == other._state
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"GraphState({self._graphdef!r}, {self._state!r})"
+
+
+def _graph_state_children(gs: GraphState) -> tuple[tuple[Any, ...], Any]:
+    children, keys = _state_flatten(gs._state)
+    return children, (gs._graphdef, keys)
+
+
+def _graph_state_children_with_keys(gs: GraphState) -> tuple[tuple[Any, ...], Any]:
+    children, keys = _state_flatten_with_keys(gs._state)
+    return children, (gs._graphdef, keys)
+
+
+def _graph_state_rebuild(aux: Any, children: Any) -> GraphState:
+    graphdef, keys = aux
+    return GraphState(graphdef, _state_unflatten(keys, children))
+
+
+jax.tree_util.register_pytree_with_keys(
+    GraphState, _graph_state_children_with_keys, _graph_state_rebuild, _graph_state_children
+)
+
+
+def _graph_states(first: GraphState, rest: tuple[Any, ...]) -> tuple[GraphDef, tuple[State, ...]]:
+    """The graphdef and States of `merge(graph_state, *graph_states)`."""
+    graphdef = first._graphdef
+    for other in rest:
+        if not isinstance(other, GraphState):
+            raise ValueError(
+                f"merge: after a GraphState, every state must be a GraphState too (from the "
+                f"same `unpack`), got {type(other).__name__}. Expected GraphState object."
+            )
+        if other._graphdef != graphdef:
+            raise ValueError(
+                "merge: GraphDef must be the same for all GraphState objects; these come "
+                "from different `unpack` calls (or graphs). Merge each graph's own."
+            )
+    return graphdef, (first._state, *(other._state for other in rest))
+
 # `GraphDef.apply` is `call`, which splits graphs and so lives in a module above this one
 # (`_pure_call`); that module puts it here when it is imported (the package's
 # `__init__` imports it), so that imports point one way.
 PURE_CALL: list[Callable[[tuple[Any, ...]], Any]] = []
 
 
-def build(graphdef: GraphDef, values: Sequence[Any], copy: bool = False) -> Any:
+def build(
+    graphdef: GraphDef, values: Sequence[Any], copy: bool = False, recreate_variables: bool = True
+) -> Any:
     """Build the graph `graphdef` describes, taking its leaves from `values` (in order).
 
     A value for a Variable may be a Variable, placed as it is (or a copy of it, with
-    `copy`), or a bare value, put in a new Variable of the graphdef's type and metadata.
+    `copy`), or a bare value, put in a new Variable of the graphdef's type and metadata
+    (or placed bare, without `recreate_variables`).
     """
+    if not recreate_variables:
+        return Builder(values, [None] * graphdef.num_objects, copy=copy, recreate=False).visit(
+            graphdef.root
+        )
     fast = graphdef._unflatten
     if fast:
         treedef, positions = fast
@@ -121,17 +251,22 @@ def build(graphdef: GraphDef, values: Sequence[Any], copy: bool = False) -> Any:
     return result
 
 
-def merge(graphdef: GraphDef, *states: Any, copy: bool = False) -> Any:
+def merge(
+    graphdef: Any, *states: Any, copy: bool = False, recreate_variables: bool = True
+) -> Any:
     """Build a new object graph from a `GraphDef` and States (the inverse of `split`).
 
     Arguments:
-        graphdef: from `split` or `graphdef`.
+        graphdef: from `split` or `graphdef`; or a `GraphState` from `unpack` (then every
+            state after it is a GraphState of the same graphdef).
         *states: States (or nested dicts) that together hold exactly the paths the
             graphdef needs. Their Variables are placed in the new graph as they are
             (their type and metadata win); bare values get new Variables of the type and
             metadata recorded in the graphdef.
         copy: put copies of the States' Variables in the graph instead, so that the new
             graph shares no Variable with the States (or the graph they came from).
+        recreate_variables: with False, a bare value in a Variable's place is placed as
+            it is (no new Variable), as Flax NNX's `merge(..., recreate_variables=False)`.
 
     Returns:
         The new graph: new Modules, shared where the original was.
@@ -148,16 +283,18 @@ def merge(graphdef: GraphDef, *states: Any, copy: bool = False) -> Any:
         >>> model.encoder is model.decoder
         True
     """
-    if not isinstance(graphdef, GraphDef):
+    if isinstance(graphdef, GraphState):
+        graphdef, states = _graph_states(graphdef, states)
+    elif not isinstance(graphdef, GraphDef):
         raise TypeError(
-            f"merge expects a GraphDef first (from `split`), got {type(graphdef).__name__}. "
-            "Call it as `merge(graphdef, state, ...)`."
+            f"merge expects a GraphDef first (from `split`), or GraphStates (from `unpack`), "
+            f"got {type(graphdef).__name__}. Call it as `merge(graphdef, state, ...)`."
         )
     if len(states) == 1 and isinstance(states[0], State):
         flat_form = states[0]._flat_form()
         if flat_form is not None and flat_form[0] is graphdef.paths:
             # The State `split` made with this very graphdef: its leaves are in order.
-            return build(graphdef, flat_form[1], copy=copy)
+            return build(graphdef, flat_form[1], copy, recreate_variables)
     flat: dict[Path, Any] = {}
     for part in states:
         if not isinstance(part, Mapping):
@@ -173,7 +310,7 @@ def merge(graphdef: GraphDef, *states: Any, copy: bool = False) -> Any:
             + (f"Paths the GraphDef does not have: {extra}. " if extra else "")
             + "Pass every State that `split` returned for this graphdef, and no others."
         )
-    return build(graphdef, [flat[path] for path in graphdef.paths], copy=copy)
+    return build(graphdef, [flat[path] for path in graphdef.paths], copy, recreate_variables)
 
 
 def _all_variables(values: Sequence[Any], positions: tuple[int, ...]) -> bool:
@@ -251,11 +388,13 @@ class Builder:
         objects: list[Any],
         copy: bool = False,
         reuse: dict[int, Any] | None = None,
+        recreate: bool = True,
     ):
         self.values = values
         self.objects = objects
         self.copy = copy
         self.reuse = reuse or {}
+        self.recreate = recreate
 
     def visit(self, record: tuple) -> Any:
         """The object (or value) `record` describes."""
@@ -297,6 +436,9 @@ class Builder:
             variable = existing
         elif isinstance(value, Variable):
             variable = value.copy() if self.copy else value
+        elif not self.recreate:
+            self.objects[index] = value
+            return value
         else:
             variable = kind((value,))
         self.objects[index] = variable

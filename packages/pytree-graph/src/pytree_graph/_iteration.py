@@ -10,16 +10,19 @@ from pytree_module import Dict, List, Module
 from pytree_module.extend import blank_instance, flat_form, is_pytree_class
 
 from ._traverse import GraphWalk, _stops, check_graph
+from ._tree_mode import cycle_error, duplicate_error, is_tree_mode, not_pytree_error, tree_order
 from ._variables import Variable
 
 
-def iter_modules(node: Any) -> Iterator[tuple[Path, Module]]:
+def iter_modules(node: Any, *, graph: bool | None = None) -> Iterator[tuple[Path, Module]]:
     """Iterate over every Module of a graph, `node` included, each shared one once.
 
     The order is `iter_graph`'s: children before their parents, so the root comes last.
 
     Arguments:
         node: a Module (or a list, tuple or dict holding Modules).
+        graph: `False` for tree mode (see `pytree_graph.split`): a Module held twice is
+            yielded twice, a Variable reached twice raises; `None` reads `set_graph_mode`.
 
     Returns:
         An iterator of `(path, module)` pairs, paths being tuples of keys.
@@ -40,10 +43,15 @@ def iter_modules(node: Any) -> Iterator[tuple[Path, Module]]:
         >>> [(path, type(m).__name__) for path, m in iter_modules(MLP())]
         [(('layers', 0), 'Linear'), (('layers', 1), 'Linear'), ((), 'MLP')]
     """
-    walk = GraphWalk(record_order=True)
-    check_graph(walk.graphdef(node), node, "iter_modules")
-    assert walk.order is not None
-    return ((path, value) for path, value in walk.order if isinstance(value, Module))
+    if graph is not True and is_tree_mode(graph):
+        graphdef, order = tree_order(node, "iter_modules")
+        check_graph(graphdef, node, "iter_modules")
+    else:
+        walk = GraphWalk(record_order=True)
+        check_graph(walk.graphdef(node), node, "iter_modules")
+        assert walk.order is not None
+        order = walk.order
+    return ((path, value) for path, value in order if isinstance(value, Module))
 
 
 def _entries(node: Any) -> list[tuple[Any, Any]]:
@@ -65,7 +73,7 @@ def _entries(node: Any) -> list[tuple[Any, Any]]:
     )
 
 
-def iter_children(node: Any) -> Iterator[tuple[Any, Module]]:
+def iter_children(node: Any, *, graph: bool | None = None) -> Iterator[tuple[Any, Module]]:
     """Iterate over the Modules that are direct attributes (or items) of `node`.
 
     Unlike `iter_modules` it does not go further down; a Module held by two attributes
@@ -74,6 +82,8 @@ def iter_children(node: Any) -> Iterator[tuple[Any, Module]]:
 
     Arguments:
         node: a Module (or a list, tuple or dict).
+        graph: `False` for tree mode, which refuses a `pytree=False` `node`; `None`
+            reads `set_graph_mode`.
 
     Returns:
         An iterator of `(key, module)` pairs: the attribute name (or item key) and the
@@ -81,6 +91,7 @@ def iter_children(node: Any) -> Iterator[tuple[Any, Module]]:
 
     Raises:
         TypeError: `node` is not a Module, list, tuple or dict.
+        ValueError: in tree mode, `node` is a `pytree=False` object.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -97,6 +108,13 @@ def iter_children(node: Any) -> Iterator[tuple[Any, Module]]:
         >>> [(key, type(m).__name__) for key, m in iter_children(Block())]
         [('first', 'Linear'), ('second', 'Linear')]
     """
+    if (
+        isinstance(node, Module)
+        and not is_pytree_class(type(node))
+        and graph is not True
+        and is_tree_mode(graph)
+    ):
+        raise not_pytree_error(node, (), "iter_children")
     entries = _entries(node)
     return ((key, value) for key, value in entries if isinstance(value, Module))
 
@@ -104,14 +122,38 @@ def iter_children(node: Any) -> Iterator[tuple[Any, Module]]:
 class _Mapper:
     """One `recursive_map`: results by object id, so shared objects map once."""
 
-    def __init__(self, fn: Callable[[Path, Any], Any]):
+    def __init__(self, fn: Callable[[Path, Any], Any], tree: bool = False):
         self.fn = fn
         self.results: dict[int, Any] = {}
         self.open: set[int] = set()
+        # Tree mode: where each Variable and open Module was met, to name both places
+        # when one is met again.
+        self.tree = tree
+        self.paths: dict[int, Path] = {}
+
+    def _tree_check(self, value: Any, path: Path) -> None:
+        key = id(value)
+        if isinstance(value, Variable):
+            if key in self.paths:
+                raise duplicate_error(value, self.paths[key], path, "recursive_map")
+            self.paths[key] = path
+        elif key in self.open:
+            raise cycle_error(value, self.paths[key], path, "recursive_map")
+        elif not is_pytree_class(type(value)):
+            raise not_pytree_error(value, path, "recursive_map")
+        else:
+            self.paths[key] = path
 
     def visit(self, value: Any, path: Path) -> Any:
         if isinstance(value, Module | Variable):
             key = id(value)
+            if self.tree:
+                # As a pytree: a Module met twice is mapped twice, into two results.
+                self._tree_check(value, path)
+                self.open.add(key)
+                new = value if isinstance(value, Variable) else self._module(value, path)
+                self.open.discard(key)
+                return self.fn(path, new)
             if key in self.results:
                 return self.results[key]
             if key in self.open:
@@ -169,7 +211,7 @@ class _Mapper:
         return new
 
 
-def recursive_map(fn: Callable[[Path, Any], Any], node: Any) -> Any:
+def recursive_map(fn: Callable[[Path, Any], Any], node: Any, /, *, graph: bool | None = None) -> Any:
     """A new graph made by calling `fn(path, value)` on every node of `node`, bottom-up.
 
     Every Module, Variable, array, container and other value is passed to `fn` once its
@@ -184,13 +226,17 @@ def recursive_map(fn: Callable[[Path, Any], Any], node: Any) -> Any:
     Arguments:
         fn: called as `fn(path, value)`; returns the value to use instead.
         node: a Module (or any pytree or `pytree=False` object graph).
+        graph: `False` for tree mode: a Module held twice is mapped twice (two results),
+            a Variable reached twice or a `pytree=False` object raises; `None` reads
+            `set_graph_mode`.
 
     Returns:
         `fn`'s result for the root.
 
     Raises:
         TypeError: `fn` is not callable.
-        ValueError: the graph has a cycle (an object reachable from itself).
+        ValueError: the graph has a cycle (an object reachable from itself); in tree
+            mode, a Variable reached twice or a `pytree=False` object.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -210,4 +256,4 @@ def recursive_map(fn: Callable[[Path, Any], Any], node: Any) -> Any:
             f"recursive_map expects a function `fn(path, value)` as its first argument, "
             f"got a {type(fn).__name__}. The graph comes second: `recursive_map(fn, node)`."
         )
-    return _Mapper(fn).visit(node, ())
+    return _Mapper(fn, tree=graph is not True and is_tree_mode(graph)).visit(node, ())

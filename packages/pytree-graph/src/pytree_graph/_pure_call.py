@@ -115,7 +115,14 @@ def call(graphdef_and_states: tuple[Any, ...], /) -> PureCall:
 PURE_CALL.append(call)
 
 
-def map(fn: Callable[[Path, Any], Any], node: Any, /) -> Any:
+def map(
+    fn: Callable[[Path, Any], Any],
+    node: Any,
+    /,
+    *,
+    graph: bool | None = None,
+    recreate_variables: bool = True,
+) -> Any:
     """A new graph whose leaves are `fn(path, leaf)` of the leaves of `node`.
 
     `fn` is called once per Variable (or array) of `node`'s state, shared ones once, as
@@ -127,6 +134,9 @@ def map(fn: Callable[[Path, Any], Any], node: Any, /) -> Any:
     Arguments:
         fn: called as `fn(path, leaf)`; returns a Variable or a value.
         node: a Module (or a list, dict or tuple of them).
+        graph: `False` for tree mode (see `split`); `None` reads `set_graph_mode`.
+        recreate_variables: with False, a bare value `fn` returns is placed as it is,
+            not put in a new Variable (`fn` returning arrays gives a graph of arrays).
 
     Returns:
         The new graph.
@@ -151,8 +161,10 @@ def map(fn: Callable[[Path, Any], Any], node: Any, /) -> Any:
             f"map expects a function `fn(path, leaf)` as its first argument, got a "
             f"{type(fn).__name__}. The graph comes second: `map(fn, node)`."
         )
-    lifted = _lift(node, "map")
+    lifted = _lift(node, "map", graph)
     graphdef = lifted.graphdef
     return build(
-        graphdef, [fn(p, leaf) for p, leaf in zip(graphdef.paths, lifted.leaves, strict=True)]
+        graphdef,
+        [fn(p, leaf) for p, leaf in zip(graphdef.paths, lifted.leaves, strict=True)],
+        recreate_variables=recreate_variables,
     )

@@ -12,20 +12,26 @@ from pytree_module import Module
 from pytree_module.extend import is_frozen_class
 
 from ._aliases import leaf_aliases
-from ._graphdef import GraphDef, build
+from ._graphdef import GraphDef, GraphState, build
 from ._lift import LiftedCall, value_of
 from ._lift_cache import lift_cache
 from ._pure_values import checked_pure_dict
 from ._refs import VariableIndex, VariableValue, update_refs
 from ._state import Path, State, _partition
 from ._traverse import GraphWalk, check_graph
+from ._tree_mode import is_tree_mode, tree_lift
 from ._variables import Variable
 
 
-def _lift(node: Any, function: str) -> LiftedCall:
-    """The graphdef, paths and leaves of `node` (a cached walk when it was seen before)."""
-    lifted = lift_cache.find(node)
-    check_graph(lifted.graphdef, node, function)
+def _lift(node: Any, function: str, graph: bool | None = True) -> LiftedCall:
+    """The graphdef, paths and leaves of `node` (a cached walk when it was seen before),
+    or, in tree mode (`graph` False, or None under `set_graph_mode(False)`), of `node`
+    walked as a pytree."""
+    if graph is not True and is_tree_mode(graph):
+        lifted = tree_lift(node, function)
+    else:
+        lifted = lift_cache.find(node)
+        check_graph(lifted.graphdef, node, function)
     if lifted.paths and lifted.paths[0] == ():
         raise TypeError(
             f"Expected an object graph (a Module, or a list, dict or tuple holding "
@@ -43,7 +49,7 @@ def _states(lifted: LiftedCall, filters: tuple[Any, ...], exhaustive: bool) -> A
     return tuple(State.from_flat_path(part) for part in parts[:-1])
 
 
-def split(node: Any, *filters: Any) -> tuple[Any, ...]:
+def split(node: Any, *filters: Any, graph: bool | None = None) -> tuple[Any, ...]:
     """Split an object graph into its structure and its state.
 
     Shared Modules and Variables appear once in the State (at the first path that reaches
@@ -57,6 +63,10 @@ def split(node: Any, *filters: Any) -> tuple[Any, ...]:
             objects, predicates on the leaf) to split the state into several States. A
             leaf goes to the first filter it matches, and every Variable and array must
             match one: end with `...` to collect the rest.
+        graph: `False` for tree mode: `node` is taken as the pytree it is, and a Variable
+            reached by two paths raises a ValueError naming both (a Module reached twice
+            is taken as two copies); `pytree=False` objects are refused. `None` (the
+            default) reads `set_graph_mode`; `True` is graph mode, sharing kept.
 
     Returns:
         `(graphdef, state)`, or `(graphdef, state_1, ..., state_n)` with n filters.
@@ -64,7 +74,7 @@ def split(node: Any, *filters: Any) -> tuple[Any, ...]:
     Raises:
         TypeError: `node` is a single value (a number, a string, an array...).
         ValueError: a Variable or array matches no filter, or `...` is not the last
-            filter.
+            filter; in tree mode, a Variable reached twice or a `pytree=False` object.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -80,16 +90,52 @@ def split(node: Any, *filters: Any) -> tuple[Any, ...]:
         >>> type(merge(graphdef, params, stats)).__name__
         'Norm'
     """
-    lifted = _lift(node, "split")
+    lifted = _lift(node, "split", graph)
     return (lifted.graphdef, *_states(lifted, filters, exhaustive=True))
 
 
-def state(node: Any, *filters: Any) -> Any:
+def unpack(node: Any, *filters: Any, graph: bool | None = None) -> Any:
+    """`split`, with the graphdef carried in each State: `GraphState`s for `merge`.
+
+    Arguments:
+        node: a Module (or a list, dict or tuple of them).
+        *filters: optional filters, as `split` takes them (every Variable and array must
+            match one).
+        graph: `False` for tree mode (see `split`); `None` reads `set_graph_mode`.
+
+    Returns:
+        One `GraphState` with no filter or one filter; a tuple of them with two or more.
+
+    Raises:
+        TypeError, ValueError: as `split`.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import BatchStat, Param, merge, unpack
+        >>> class Norm(Module):
+        ...     def __init__(self):
+        ...         self.scale = Param(jnp.ones(2))
+        ...         self.mean = BatchStat(jnp.zeros(2))
+        >>> params, stats = unpack(Norm(), Param, BatchStat)
+        >>> list(params), list(stats)
+        (['scale'], ['mean'])
+        >>> type(merge(params, stats)).__name__
+        'Norm'
+    """
+    graphdef, *states = split(node, *filters, graph=graph)
+    if len(states) == 1:
+        return GraphState(graphdef, states[0])
+    return tuple(GraphState(graphdef, part) for part in states)
+
+
+def state(node: Any, *filters: Any, graph: bool | None = None) -> Any:
     """The state of an object graph (as `split` gives it), without the structure.
 
     Arguments:
         node: a Module (or a list, dict or tuple of them).
         *filters: optional filters; unlike `split`, leaves matching none are left out.
+        graph: `False` for tree mode (see `split`); `None` reads `set_graph_mode`.
 
     Returns:
         A `State`, or a tuple of States with several filters.
@@ -105,15 +151,16 @@ def state(node: Any, *filters: Any) -> Any:
         >>> state(Linear()).to_pure_dict()["w"].tolist()
         [1.0, 1.0]
     """
-    states = _states(_lift(node, "state"), filters, exhaustive=False)
+    states = _states(_lift(node, "state", graph), filters, exhaustive=False)
     return states[0] if len(states) == 1 else states
 
 
-def graphdef(node: Any) -> GraphDef:
+def graphdef(node: Any, *, graph: bool | None = None) -> GraphDef:
     """The `GraphDef` of an object graph (as `split` gives it), without the state.
 
     Arguments:
         node: a Module, a Variable, or a list, tuple or dict holding them.
+        graph: `False` for tree mode (see `split`); `None` reads `set_graph_mode`.
 
     Returns:
         The `GraphDef`.
@@ -129,12 +176,16 @@ def graphdef(node: Any) -> GraphDef:
         >>> graphdef(Empty()) == graphdef(Empty())
         True
     """
+    if graph is not True and is_tree_mode(graph):
+        return tree_lift(node, "graphdef").graphdef
     result = lift_cache.find(node).graphdef
     check_graph(result, node, "graphdef")
     return result
 
 
-def clone(node: Any, *, variables: bool = True, arrays: bool = False) -> Any:
+def clone(
+    node: Any, *, variables: bool = True, arrays: bool = False, graph: bool | None = None
+) -> Any:
     """A copy of an object graph with new Modules and the same sharing.
 
     By default the Variables are new too, holding the same JAX arrays (they are
@@ -148,6 +199,8 @@ def clone(node: Any, *, variables: bool = True, arrays: bool = False) -> Any:
             training either trains both).
         arrays: also copy the JAX arrays into new buffers, so the copy can be donated
             (`jax.jit(..., donate_argnums=...)`) while the original lives on.
+        graph: `False` for tree mode (see `split`): a Module held twice comes back as two
+            copies; `None` reads `set_graph_mode`.
 
     Returns:
         The copy.
@@ -179,8 +232,11 @@ def clone(node: Any, *, variables: bool = True, arrays: bool = False) -> Any:
             "needs variables=True (the default); with variables=False the copy shares "
             "`node`'s Variables and so their arrays."
         )
-    lifted = lift_cache.find(node)
-    check_graph(lifted.graphdef, node, "clone")
+    if graph is not True and is_tree_mode(graph):
+        lifted = tree_lift(node, "clone")
+    else:
+        lifted = lift_cache.find(node)
+        check_graph(lifted.graphdef, node, "clone")
     if not variables:
         return build(lifted.graphdef, lifted.leaves)
     copy = _copy_all_buffers if arrays else _copy_buffer
@@ -308,6 +364,7 @@ def update(node: Any, *states: Any) -> None:
     """
     if not states:
         raise TypeError("update needs at least one State (or source tree) to write.")
+    states = tuple(s._state if isinstance(s, GraphState) else s for s in states)
     if not all(isinstance(s, State) for s in states):
         if len(states) != 1:
             raise TypeError(

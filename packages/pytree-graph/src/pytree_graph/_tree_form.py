@@ -212,7 +212,9 @@ jax.tree_util.register_pytree_with_keys(
 )
 
 
-def flatten(node: Any, *, with_paths: bool = True) -> tuple[GraphDef, Any]:
+def flatten(
+    node: Any, *, with_paths: bool = True, graph: bool | None = None
+) -> tuple[GraphDef, Any]:
     """The graphdef of an object graph and its leaves as a flat list.
 
     The same as `split(node)` with the State flat: the leaves come in the graphdef's
@@ -222,6 +224,7 @@ def flatten(node: Any, *, with_paths: bool = True) -> tuple[GraphDef, Any]:
         node: a Module (or a list, dict or tuple of them).
         with_paths: return `(path, leaf)` pairs (a `FlatState`); with False, a list of
             the bare values (each Variable's `.value`, or the array).
+        graph: `False` for tree mode (see `split`); `None` reads `set_graph_mode`.
 
     Returns:
         `(graphdef, flat_state)`, or `(graphdef, values)` with `with_paths=False`.
@@ -241,7 +244,7 @@ def flatten(node: Any, *, with_paths: bool = True) -> tuple[GraphDef, Any]:
         >>> unflatten(graphdef, [v + 1 for v in values]).w.value.tolist()
         [2.0, 2.0]
     """
-    lifted = _lift(node, "flatten")
+    lifted = _lift(node, "flatten", graph)
     if not with_paths:
         return lifted.graphdef, [value_of(leaf) for leaf in lifted.leaves]
     return lifted.graphdef, FlatState(lifted.graphdef.paths, lifted.leaves)

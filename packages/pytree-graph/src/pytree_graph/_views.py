@@ -41,12 +41,13 @@ def _set(
     raise_if_not_found: bool,
     function: str,
     use_set_view: bool = False,
+    graph: bool | None = True,
 ) -> None:
     """Set `attributes` on the selected Modules of `node` that have them, in place; all
     is checked (frozen Modules, attributes no Module has) before anything is written."""
     writes: list[tuple[Module, dict[str, Any], bool]] = []
     found: set[str] = set()
-    for path, module in iter_modules(node):
+    for path, module in iter_modules(node, graph=graph):
         if not selected(path, module):
             continue
         by_set_view = _set_view_arguments(module, attributes) if use_set_view else None
@@ -85,7 +86,11 @@ def _selection(filters: tuple[Any, ...]) -> Callable[[Any, Any], bool]:
 
 
 def set_attributes(
-    node: Any, *filters: Any, raise_if_not_found: bool = True, **attributes: Any
+    node: Any,
+    *filters: Any,
+    raise_if_not_found: bool = True,
+    graph: bool | None = None,
+    **attributes: Any,
 ) -> None:
     """Set attributes on every Module of a graph that has them, in place.
 
@@ -94,6 +99,8 @@ def set_attributes(
         *filters: which Modules to change (a Module type, a predicate, a filter object
             seeing `(path, module)`); all of them when none is given.
         raise_if_not_found: raise if no selected Module has one of the attributes.
+        graph: `False` for tree mode (see `pytree_graph.split`); `None` reads
+            `set_graph_mode`.
         **attributes: the attributes and their values, e.g. `deterministic=True`.
 
     Raises:
@@ -119,11 +126,17 @@ def set_attributes(
         (False, True)
     """
     selected = _selection(filters) if filters else (lambda path, module: True)
-    _set(node, selected, attributes, raise_if_not_found, "set_attributes")
+    _set(node, selected, attributes, raise_if_not_found, "set_attributes", graph=graph)
 
 
 def with_attributes(
-    node: Any, /, *, only: Any = ..., raise_if_not_found: bool = True, **attributes: Any
+    node: Any,
+    /,
+    *,
+    only: Any = ...,
+    raise_if_not_found: bool = True,
+    graph: bool | None = None,
+    **attributes: Any,
 ) -> Any:
     """A view of a model with attributes set: new Modules, the same Variables.
 
@@ -136,6 +149,8 @@ def with_attributes(
         node: a Module (or a list, dict or tuple holding Modules).
         only: which Modules to change (a filter seeing `(path, module)`); default all.
         raise_if_not_found: raise if no selected Module has one of the attributes.
+        graph: `False` for tree mode (see `pytree_graph.split`); `None` reads
+            `set_graph_mode`.
         **attributes: the attributes and their values.
 
     Returns:
@@ -157,12 +172,20 @@ def with_attributes(
         >>> evaluating.deterministic, model.deterministic, evaluating.w is model.w
         (True, False, True)
     """
-    new = merge(*split(node))
+    new = merge(*split(node, graph=graph))
     _set(new, to_predicate(only), attributes, raise_if_not_found, "with_attributes")
     return new
 
 
-def view(node: Any, /, *, only: Any = ..., raise_if_not_found: bool = True, **kwargs: Any) -> Any:
+def view(
+    node: Any,
+    /,
+    *,
+    only: Any = ...,
+    raise_if_not_found: bool = True,
+    graph: bool | None = None,
+    **kwargs: Any,
+) -> Any:
     """A view of a model in another mode: new Modules, the same Variables.
 
     As `with_attributes`, except that a Module class may define a `set_view(self, ...)`
@@ -175,6 +198,8 @@ def view(node: Any, /, *, only: Any = ..., raise_if_not_found: bool = True, **kw
         only: which Modules to change (a filter seeing `(path, module)`); default all.
         raise_if_not_found: raise if an argument is taken by no selected Module (neither
             by its `set_view` nor as an attribute).
+        graph: `False` for tree mode (see `pytree_graph.split`); `None` reads
+            `set_graph_mode`.
         **kwargs: the view's arguments, e.g. `deterministic=True`.
 
     Returns:
@@ -201,6 +226,6 @@ def view(node: Any, /, *, only: Any = ..., raise_if_not_found: bool = True, **kw
         >>> serving.norm.mean is model.norm.mean
         True
     """
-    new = merge(*split(node))
+    new = merge(*split(node, graph=graph))
     _set(new, to_predicate(only), kwargs, raise_if_not_found, "view", use_set_view=True)
     return new
