@@ -414,14 +414,34 @@ class Builder:
         if tag == STATIC:
             return record.static.value
         if tag == LIST:
+            if record.index >= 0:
+                return self._container(record, list(map(self.visit, record.children)))
             return record.cls(map(self.visit, record.children))
         if tag == TUPLE:
             return tuple(map(self.visit, record.children))
         if tag == DICT:
+            if record.index >= 0:
+                items = list(zip(record.keys, map(self.visit, record.children), strict=True))
+                return self._container(record, items)
             return record.cls(zip(record.keys, map(self.visit, record.children), strict=True))
         if tag == PYTREE:
             return record.treedef.unflatten(list(map(self.visit, record.children)))
         return self._object(record.cls, record.index, record.attributes)
+
+    def _container(self, record: Any, items: list[Any]) -> Any:
+        """A `List` or `Dict` (an object of the graph) holding `items`: the caller's own,
+        refilled in place, when it is being updated; else a new one."""
+        container = self.reuse.get(record.index)
+        if container is None:
+            container = record.cls(items)
+        else:
+            if record.tag == LIST:
+                container[:] = items
+            else:
+                container.clear()
+                container.update(items)
+        self.objects[record.index] = container
+        return container
 
     def _variable(self, kind: Any, index: int, position: int) -> Variable:
         value = self.values[position]

@@ -73,11 +73,16 @@ class StaticRecord(NamedTuple):
 
 
 class ListRecord(NamedTuple):
-    """A list, or a `pytree_module.List` (`cls`, rebuilt as such)."""
+    """A list, or a `pytree_module.List` (`cls`, rebuilt as such).
+
+    A `List` is an object of the graph (`index`, so one held twice is one again after
+    `merge`, as Flax NNX's `nnx.List`); a plain list is copied by value (`index` -1).
+    """
 
     tag: int  # LIST
     children: tuple
     cls: type
+    index: int = -1
 
 
 class TupleRecord(NamedTuple):
@@ -86,12 +91,14 @@ class TupleRecord(NamedTuple):
 
 
 class DictRecord(NamedTuple):
-    """A dict, or a `pytree_module.Dict` (`cls`, rebuilt as such)."""
+    """A dict, or a `pytree_module.Dict` (`cls`, rebuilt as such); `index` as a
+    `ListRecord`'s."""
 
     tag: int  # DICT
     keys: tuple
     children: tuple
     cls: type
+    index: int = -1
 
 
 class PytreeRecord(NamedTuple):

@@ -154,25 +154,47 @@ class GraphWalk:
             return LeafRecord(LEAF, position)
         kind = type(value)
         if kind is list or kind is List:
+            index = -1
+            if kind is List:
+                index = self._container_index(value, path)
+                if index < -1:
+                    return SharedRecord(SHARED, -2 - index)
             if self.checks is not None:
                 self.checks.container(value, self.depth)
             before = self._open_container(value, path)
             children = tuple(self.visit(v, (*path, i)) for i, v in enumerate(value))
             self._close_container(value, before)
-            return ListRecord(LIST, children, kind)
+            return ListRecord(LIST, children, kind, index)
         if kind is tuple:
             return TupleRecord(TUPLE, tuple(self.visit(v, (*path, i)) for i, v in enumerate(value)))
         if kind is dict or kind is Dict:
+            index = -1
+            if kind is Dict:
+                index = self._container_index(value, path)
+                if index < -1:
+                    return SharedRecord(SHARED, -2 - index)
             if self.checks is not None:
                 self.checks.container(value, self.depth)
             before = self._open_container(value, path)
             keys = tuple(value)
             children = tuple(self.visit(value[k], (*path, k)) for k in keys)
             self._close_container(value, before)
-            return DictRecord(DICT, keys, children, kind)
+            return DictRecord(DICT, keys, children, kind, index)
         if value is None or kind in _PLAIN_STATICS:
             return StaticRecord(STATIC, Static(value))
         return self._other(value, path)
+
+    def _container_index(self, container: Any, path: Path) -> int:
+        """The index of a `List` or `Dict` met for the first time (they are objects of
+        the graph, shared where they are held twice, as Flax NNX's); `-2 - index` when
+        it was met before. One being walked (met again through a `pytree=False` object
+        below it) is walked again by value, -1: it is not built yet to be shared."""
+        if id(container) in self.open_containers:
+            return -1
+        found = self._seen(container, path)
+        if found is not None:
+            return -2 - found
+        return self._new_index(container, path)
 
     def _open_container(self, container: Any, path: Path) -> int | None:
         """Mark a list or dict as being walked; refuse it if it is being walked already

@@ -7,13 +7,15 @@ from typing import Any
 import jax
 from jax.tree_util import GetAttrKey, SequenceKey
 
-from pytree_filter import Path, path_text
+from pytree_filter import Path, path_keys, path_text
 from pytree_module import Module
 
+from ._argument_specs import FilterSpecs
 from ._graphdef import GraphDef, build, merge
 from ._lift import value_of
 from ._split_merge import _lift, split
 from ._state import State
+from ._traverse import iter_graph
 from ._variables import Variable
 
 
@@ -54,7 +56,70 @@ jax.tree_util.register_pytree_with_keys(
 )
 
 
-def to_tree(tree: Any) -> Any:
+def _prefix_is_leaf(value: Any) -> bool:
+    return value is None or _is_graph_node(value) or isinstance(value, FilterSpecs)
+
+
+def _leaf_prefixes(prefix: Any, tree: Any) -> list[Any]:
+    """The prefix of each leaf of `tree` (Modules and Variables being leaves), `prefix`
+    being a prefix of `tree`'s structure (as `in_axes` is of a function's arguments)."""
+    prefix_leaves, prefix_def = jax.tree_util.tree_flatten(prefix, is_leaf=_prefix_is_leaf)
+    try:
+        subtrees = prefix_def.flatten_up_to(tree)
+    except ValueError as error:
+        raise ValueError(
+            f"to_tree: prefix= must be a prefix of the tree's structure (one entry for each "
+            f"argument, or for a whole part of the tree): {error}"
+        ) from None
+    result: list[Any] = []
+    for leaf_prefix, subtree in zip(prefix_leaves, subtrees, strict=True):
+        count = len(jax.tree_util.tree_leaves(subtree, is_leaf=_is_graph_node))
+        result.extend([leaf_prefix] * count)
+    return result
+
+
+def _check_consistent_aliasing(keyed: list[tuple[Any, Any]], prefixes: list[Any]) -> None:
+    """Refuse a Variable reached under two different prefixes (e.g. a Module passed twice
+    with two `in_axes`): it has one value, which cannot follow both."""
+    seen: dict[int, tuple[Variable, list[tuple[Path, Any]]]] = {}
+    for (key_path, leaf), leaf_prefix in zip(keyed, prefixes, strict=True):
+        if not _is_graph_node(leaf):
+            continue
+        base = tuple(path_keys(key_path))
+        for path, value in iter_graph(leaf):
+            if not isinstance(value, Variable):
+                continue
+            if isinstance(leaf_prefix, FilterSpecs):
+                value_prefix = leaf_prefix.spec_of(path, value, "to_tree")
+            else:
+                value_prefix = leaf_prefix
+            entry = seen.setdefault(id(value), (value, []))
+            entry[1].append(((*base, *path), value_prefix))
+    messages = []
+    for variable, found in seen.values():
+        first = found[0][1]
+        if any(not _same_prefix(first, other) for _, other in found[1:]):
+            lines = "\n".join(f"  {path_text(path)}: {p!r}" for path, p in found)
+            messages.append(f"Node: {type(variable).__name__}\n{lines}")
+    if messages:
+        raise ValueError(
+            "Inconsistent aliasing detected. The following nodes have different prefixes:\n"
+            + "\n".join(messages)
+            + "\nA shared Variable has one value, so every place that reaches it needs the "
+            "same prefix: give them the same one, or pass the object once."
+        )
+
+
+def _same_prefix(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # an array-like prefix with no single truth value
+        return False
+
+
+def to_tree(tree: Any, *, prefix: Any = None) -> Any:
     """An object graph as a plain pytree, for code that only speaks pytrees.
 
     Every Module and Variable in `tree` is replaced by a `NodeState` (a pytree holding its
@@ -69,9 +134,18 @@ def to_tree(tree: Any) -> Any:
 
     Arguments:
         tree: any pytree holding Modules and Variables (a Module on its own too).
+        prefix: optional, a prefix of `tree`'s structure (as `vmap`'s `in_axes` is of its
+            arguments: an axis, `None`, or a `StateAxes`, per argument or part). When
+            given, every Variable must be reached under one prefix: a Variable shared by
+            two parts of `tree` with different prefixes raises, naming its paths and
+            prefixes (Flax NNX's "Inconsistent aliasing detected").
 
     Returns:
         The same pytree with a `NodeState` in place of each Module and Variable.
+
+    Raises:
+        ValueError: `prefix` is not a prefix of `tree`, or a Variable is reached under
+            two different prefixes.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -88,7 +162,12 @@ def to_tree(tree: Any) -> Any:
         >>> model.encoder is model.decoder, model.decoder.value.tolist()
         (True, [3.0, 3.0])
     """
-    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_graph_node)
+    if prefix is not None:
+        keyed, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_graph_node)
+        _check_consistent_aliasing(keyed, _leaf_prefixes(prefix, tree))
+        leaves = [leaf for _, leaf in keyed]
+    else:
+        leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_graph_node)
     positions = [i for i, leaf in enumerate(leaves) if _is_graph_node(leaf)]
     if not positions:
         return tree

@@ -91,6 +91,9 @@ class TreeWalk(GraphWalk):
                 raise duplicate_error(value, first, path, self.function)
             self.first_paths[key] = path
             return None
+        if not isinstance(value, Module):
+            # A `List` or `Dict`: copied by value, as `jax.tree` copies it.
+            return None
         # A Module: walked again, unless it is one of those being walked (a cycle).
         if key in self.open:
             raise cycle_error(value, self.module_paths[key], path, self.function)

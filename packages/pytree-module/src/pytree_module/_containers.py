@@ -84,14 +84,57 @@ class Dict(dict):
     (`d[k] = ...`, `del`, `update`, `pop`, ...) bumps `pytree_module.extend.mutations.count`,
     as `List`'s do (see there).
 
+    A string key is also an attribute, as in Flax NNX's `nnx.Dict`: `d.encoder` reads
+    `d["encoder"]`, `d.encoder = ...` sets it and `del d.encoder` removes it. A key that
+    is the name of a dict method (`keys`, `items`, `pop`...) is reached by `d[...]` only.
+
+    Unlike a plain dict, a `Dict` is an object of a graph for pytree_graph: held in two
+    places, it is one `Dict` again after `split`/`merge` and the graph transforms.
+
     Examples:
         >>> import jax, jax.numpy as jnp
         >>> from pytree_module import Dict
         >>> jax.tree.leaves(Dict(b=2.0, a=jnp.zeros(1)))
         [Array([0.], dtype=float32), 2.0]
+        >>> layers = Dict(encoder=1.0)
+        >>> layers.decoder = 2.0
+        >>> layers.encoder, layers["decoder"]
+        (1.0, 2.0)
     """
 
     __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only when no attribute of the class has the name: a key, or an error.
+        try:
+            return self[name]
+        except KeyError:
+            pass
+        if name.startswith("__") and name.endswith("__"):
+            # Protocol lookups (`__deepcopy__`, `__array__`...) are not keys.
+            raise AttributeError(name)
+        keys = ", ".join(repr(k) for k in self)
+        raise AttributeError(
+            f"Dict has no key {name!r} (keys: {keys or 'none'}). Set it with "
+            f"`d.{name} = ...` or `d[{name!r}] = ...` first."
+        ) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if hasattr(type(self), name):
+            raise AttributeError(
+                f"Dict key {name!r} is also the name of a Dict method, so it cannot be set "
+                f"as an attribute: write `d[{name!r}] = ...` (and read it as `d[{name!r}]`)."
+            )
+        self[name] = value
+
+    def __delattr__(self, name: str) -> None:
+        try:
+            del self[name]
+        except KeyError:
+            raise AttributeError(
+                f"Dict has no key {name!r} to delete (keys: "
+                f"{', '.join(repr(k) for k in self) or 'none'})."
+            ) from None
 
     __setitem__ = _touching(dict.__setitem__)
     __delitem__ = _touching(dict.__delitem__)

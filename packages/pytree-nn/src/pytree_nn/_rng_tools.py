@@ -200,9 +200,36 @@ class _Selector:
         )
 
 
-def _streams(node: Any) -> list[tuple[Path, RngStream]]:
+def _streams(node: Any, graph: bool | None = True) -> list[tuple[Path, RngStream]]:
     """Every `RngStream` of `node`, each shared one once, in `iter_graph`'s order."""
-    return [(path, value) for path, value in pg.iter_graph(node) if isinstance(value, RngStream)]
+    return [
+        (path, value)
+        for path, value in pg.iter_graph(node, graph=graph)
+        if isinstance(value, RngStream)
+    ]
+
+
+def _in_place_mode(graph: bool | None, graph_updates: bool | None) -> bool:
+    """Whether `split_rngs` / `fork_rngs` change `node` (graph mode with graph updates,
+    Flax NNX's rule) rather than return a changed copy."""
+    if graph is None:
+        graph = pg.set_graph_mode.current_value()
+    if graph_updates is None:
+        graph_updates = pg.set_graph_updates.current_value()
+    return bool(graph) and bool(graph_updates)
+
+
+def _copied(node: Any, plan: Callable[[Path, RngStream], Any], graph: bool | None) -> Any:
+    """A copy of `node` (as `recursive_map` makes it) in which each stream for which
+    `plan(path, stream)` gives a function of its next key is a new stream of that key."""
+
+    def new_stream(path: Path, value: Any) -> Any:
+        if not isinstance(value, RngStream):
+            return value
+        new_key = plan(path, value)
+        return value if new_key is None else RngStream(new_key(value()), tag=value.tag)
+
+    return pg.recursive_map(new_stream, node, graph=graph)
 
 
 def _check_names(
@@ -317,6 +344,8 @@ def split_rngs(
     splits: Splits,
     only: Any = ...,
     squeeze: bool = False,
+    graph: bool | None = None,
+    graph_updates: bool | None = None,
 ) -> Any:
     """Split, in place, every selected `RngStream` of `node` into `splits` streams stacked
     along a new leading axis, ready for `pytree_graph.vmap` or `pytree_graph.scan`; as
@@ -335,11 +364,17 @@ def split_rngs(
             and RngCount Variables (`RngState`, `PathContains("layers")`), a list of
             those, or `...` (all; the default). A name no stream has is an error.
         squeeze: with `splits=1`, drop the new axis (the stream is forked).
+        graph: `False` for tree mode (`node` walked as a pytree: a stream reached twice
+            raises); `None` reads `pytree_graph.set_graph_mode`.
+        graph_updates: with `False` (or in tree mode), `node` is left as it is and a
+            copy with the new streams is returned (each stream of `node` gives the one
+            key its copy's come from), as Flax NNX does; `None` reads
+            `pytree_graph.set_graph_updates`.
 
     Returns:
         A `SplitBackups`: `restore_rngs(backups)`, or leaving `with split_rngs(...):`,
         puts the streams back, each one key further on than before. Without `node`, a
-        decorator.
+        decorator. Not in place (`graph=False` or `graph_updates=False`): the copy.
 
     Raises:
         ValueError: `splits` is not a count or shape; `only` names a stream `node` does
@@ -369,8 +404,10 @@ def split_rngs(
             f"splits={splits!r}. Use squeeze=False to keep a stack of {splits}."
         )
 
-    def transform(node: Any) -> SplitBackups:
-        _check_names([selector], _streams(node), where)
+    in_place = _in_place_mode(graph, graph_updates)
+
+    def transform(node: Any) -> Any:
+        _check_names([selector], _streams(node, graph), where)
 
         def plan(path: Path, stream: RngStream) -> Any:
             if not selector(path, stream):
@@ -379,14 +416,21 @@ def split_rngs(
                 return lambda key: _split_keys(key, 1)[0]
             return lambda key: _split_keys(key, splits)
 
-        return _in_place(node, plan)
+        return _in_place(node, plan) if in_place else _copied(node, plan, graph)
 
     if node is _MISSING:
-        return functools.partial(_decorator, where, transform, True)
+        return functools.partial(_decorator, where, transform, in_place)
     return transform(node)
 
 
-def fork_rngs(node: Any = _MISSING, /, *, split: Any = None) -> Any:
+def fork_rngs(
+    node: Any = _MISSING,
+    /,
+    *,
+    split: Any = None,
+    graph: bool | None = None,
+    graph_updates: bool | None = None,
+) -> Any:
     """Fork, in place, the `RngStream`s of `node`: each one's key becomes its next key and
     its count 0, so what draws from it now gets keys no one drew before; as Flax NNX's
     `nnx.fork_rngs`. Without `node`, a decorator (for the arguments of each call).
@@ -398,10 +442,16 @@ def fork_rngs(node: Any = _MISSING, /, *, split: Any = None) -> Any:
             each stream takes the first entry that selects it (a stream name, a filter
             on its Variables, or `...`), whose value is the splits or None (forked, not
             split); the streams no entry selects are left as they are.
+        graph: `False` for tree mode (`node` walked as a pytree: a stream reached twice
+            raises); `None` reads `pytree_graph.set_graph_mode`.
+        graph_updates: with `False` (or in tree mode), `node` is left as it is and a
+            copy with the new streams is returned (each stream of `node` gives the one
+            key its copy's come from), as Flax NNX does; `None` reads
+            `pytree_graph.set_graph_updates`.
 
     Returns:
         A `SplitBackups` for `restore_rngs` (or a `with` block); without `node`, a
-        decorator.
+        decorator. Not in place (`graph=False` or `graph_updates=False`): the copy.
 
     Raises:
         ValueError: a split is not a count or shape, or a name no stream has. Nothing is
@@ -417,8 +467,10 @@ def fork_rngs(node: Any = _MISSING, /, *, split: Any = None) -> Any:
     where = "fork_rngs"
     rules = _rules({...: None} if split is None else split, f"{where}(split=...)")
 
-    def transform(node: Any) -> SplitBackups:
-        _check_names([selector for selector, _ in rules], _streams(node), where)
+    in_place = _in_place_mode(graph, graph_updates)
+
+    def transform(node: Any) -> Any:
+        _check_names([selector for selector, _ in rules], _streams(node, graph), where)
 
         def plan(path: Path, stream: RngStream) -> Any:
             rule = _first(rules, path, stream)
@@ -427,10 +479,10 @@ def fork_rngs(node: Any = _MISSING, /, *, split: Any = None) -> Any:
             num = rule[1]
             return (lambda key: key) if num is None else (lambda key: _split_keys(key, num))
 
-        return _in_place(node, plan)
+        return _in_place(node, plan) if in_place else _copied(node, plan, graph)
 
     if node is _MISSING:
-        return functools.partial(_decorator, where, transform, True)
+        return functools.partial(_decorator, where, transform, in_place)
     return transform(node)
 
 
@@ -442,6 +494,7 @@ def with_rngs(
     fork: Any = None,
     broadcast: Any = None,
     only: Any = ...,
+    graph: bool | None = None,
 ) -> Any:
     """A copy of `node` whose `RngStream`s are split, broadcast or forked by rules, as Flax
     NNX's `nnx.with_rngs`. `node` keeps its streams (each gives the one key the copy's is
@@ -463,6 +516,9 @@ def with_rngs(
         broadcast: as `split`, but the streams stacked are copies of one new stream (the
             same keys in every slice).
         only: which streams the rules may touch (a selector; all by default).
+        graph: `False` for tree mode (`node` walked as a pytree, as
+            `pytree_graph.recursive_map(..., graph=False)`); `None` reads
+            `pytree_graph.set_graph_mode`.
 
     A selector is a stream name (`"params"`), a filter on the stream's RngKey and RngCount
     Variables (`RngState`, `PathContains(...)`), a list of those, or `...`.
@@ -530,11 +586,11 @@ def with_rngs(
         return RngStream(key, tag=value.tag)
 
     def transform(node: Any) -> Any:
-        streams = _streams(node)
+        streams = _streams(node, graph)
         _check_names(selectors, streams, where)
         for path, stream in streams:  # every clash found before any stream draws
             decide(path, stream)
-        return pg.recursive_map(new_stream, node)
+        return pg.recursive_map(new_stream, node, graph=graph)
 
     if node is _MISSING:
         return functools.partial(_decorator, where, transform, False)
@@ -545,6 +601,7 @@ def reseed(
     node: Any,
     /,
     *,
+    graph: bool | None = None,
     policy: Literal["scalars_only", "match_shape"]
     | Callable[[Path, jax.Array, tuple[int, ...]], jax.Array] = "scalars_only",
     **stream_keys: Any,
@@ -559,6 +616,8 @@ def reseed(
 
     Arguments:
         node: a Module, an `Rngs`, an `RngStream`, or any pytree or list of them.
+        graph: `False` for tree mode (a stream reached twice raises); `None` reads
+            `pytree_graph.set_graph_mode`. The streams are changed in place either way.
         policy: for a stream whose key is a stack (split for vmap or scan):
             `"scalars_only"` (the default) raises; `"match_shape"` splits the new key to
             the stack's shape; or a function `(path, key, shape) -> keys`.
@@ -591,7 +650,7 @@ def reseed(
         name: RngStream(_as_key(seed, f"{where}({name}=...)"), tag=name)
         for name, seed in stream_keys.items()
     }
-    streams = _streams(node)
+    streams = _streams(node, graph)
     _check_names([_Selector(list(seeds), where)], streams, where)
     new_keys = [
         (stream, policy(path, seeds[stream.tag](), stream.key.value.shape))
