@@ -120,29 +120,34 @@ class Module(pytree_module.Module):
             )
         return value + perturbation.value
 
-    def set_attributes(self, *, raise_if_not_found: bool = True, **attributes: Any) -> "Module":
-        """Set attributes on this Module and every Module in it that has them.
+    def set_attributes(
+        self,
+        *filters: Any,
+        raise_if_not_found: bool = True,
+        graph: bool | None = None,
+        **attributes: Any,
+    ) -> "Module":
+        """Set attributes on this Module and every Module in it that has them
+        (`pytree_graph.set_attributes` on `self`).
 
         Arguments:
-            raise_if_not_found: raise if no Module has one of the attributes.
+            *filters: which Modules to change (a Module type, a predicate, a filter
+                object seeing `(path, module)`); all of them when none is given.
+            raise_if_not_found: raise if no selected Module has one of the attributes.
+            graph: `False` for tree mode (a Variable reached twice raises); `None` reads
+                `pytree_graph.set_graph_mode`.
             **attributes: the attributes to set, e.g. `deterministic=True`.
 
         Returns:
             This Module.
+
+        Raises:
+            ValueError: no selected Module has one of the attributes (with
+                `raise_if_not_found`), or a frozen Module has one. Nothing is changed.
         """
-        found = set()
-        for _, node in pytree_graph.iter_graph(self):
-            if isinstance(node, pytree_module.Module):
-                for name, value in attributes.items():
-                    if name in vars(node):
-                        setattr(node, name, value)
-                        found.add(name)
-        missing = sorted(set(attributes) - found)
-        if missing and raise_if_not_found:
-            raise ValueError(
-                f"set_attributes: no Module in this {type(self).__name__} has the "
-                f"attribute(s) {missing}. Pass raise_if_not_found=False to allow that."
-            )
+        pytree_graph.set_attributes(
+            self, *filters, raise_if_not_found=raise_if_not_found, graph=graph, **attributes
+        )
         return self
 
     def train(self) -> "Module":
