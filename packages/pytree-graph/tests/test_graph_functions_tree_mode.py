@@ -359,3 +359,15 @@ def test_dict_copied_by_value_in_tree_mode():
     assert rebuilt[0] is not rebuilt[1]
     rebuilt = pg.merge(*pg.split([inner, inner]))
     assert rebuilt[0] is rebuilt[1]
+
+
+def test_get_abstract_model_graph():
+    from jax.sharding import Mesh
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("model",))
+    graphdef, abstract = pg.get_abstract_model(Linear, mesh, graph=False)
+    assert abstract["w"].value.shape == (2,)
+    with pytest.raises(ValueError, match="Duplicate Param"):
+        pg.get_abstract_model(TiedVariables, mesh, graph=False)
+    graphdef, abstract = pg.get_abstract_model(TiedVariables, mesh)
+    assert list(abstract) == ["decoder"]

@@ -175,7 +175,7 @@ def _own_mesh(leaf: Any) -> Any:
 
 
 def get_abstract_model(
-    make: Callable[..., Any], mesh: Mesh, *args: Any, **kwargs: Any
+    make: Callable[..., Any], mesh: Mesh, *args: Any, graph: bool | None = None, **kwargs: Any
 ) -> tuple[GraphDef, State]:
     """The structure and abstract state of the model `make(*args, **kwargs)` would build,
     each `jax.ShapeDtypeStruct` with its `NamedSharding` on `mesh`, computing nothing; as
@@ -189,6 +189,8 @@ def get_abstract_model(
         make: builds the model (a Module class, or any function returning a graph).
         mesh: the device mesh whose axis names the `sharding` metadata uses.
         *args: `make`'s positional arguments.
+        graph: `False` to split the model in tree mode (see `split`: a Variable shared
+            in it raises); `None` reads `set_graph_mode`.
         **kwargs: its keyword arguments.
 
     Returns:
@@ -217,5 +219,5 @@ def get_abstract_model(
         raise TypeError(
             f"get_abstract_model: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}."
         )
-    graphdef, abstract = split(eval_shape(make, *args, **kwargs))
+    graphdef, abstract = split(eval_shape(make, *args, **kwargs), graph=graph)
     return graphdef, abstract_with_sharding(abstract, mesh)

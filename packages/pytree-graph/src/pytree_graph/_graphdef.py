@@ -55,7 +55,7 @@ class GraphDef:
         'Param'
     """
 
-    __slots__ = ("_hash", "_unflatten", "num_leaves", "num_objects", "paths", "root")
+    __slots__ = ("_hash", "_is_tree", "_unflatten", "num_leaves", "num_objects", "paths", "root")
 
     # `GraphDef[MyModel]` in annotations, as Flax NNX users write them.
     __class_getitem__ = classmethod(GenericAlias)
@@ -70,6 +70,9 @@ class GraphDef:
         # yet), False (it cannot: sharing, cycles, `pytree=False` objects...), or
         # `(treedef, Variable positions)`.
         self._unflatten: Any = None
+        # Whether tree mode (`graph=False`) sees this graph as graph mode does: no object
+        # shared, no `pytree=False` object (None: not found out yet).
+        self._is_tree: bool | None = None
 
     def __hash__(self) -> int:
         if self._hash is None:

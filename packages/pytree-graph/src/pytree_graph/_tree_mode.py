@@ -19,6 +19,8 @@ from pytree_module.extend import is_pytree_class
 
 from ._graph_mode import set_graph_mode
 from ._lift import LiftedCall, lift_walked
+from ._lift_cache import lift_cache
+from ._records import MODULE, OBJECT, SHARED
 from ._traverse import GraphWalk, check_graph
 from ._variables import Variable
 
@@ -116,8 +118,35 @@ class TreeWalk(GraphWalk):
         return record
 
 
+def _tree_shaped(root: tuple) -> bool:
+    """Whether a graphdef has no shared object and no `pytree=False` object: then tree
+    mode's walk would give the same graphdef, paths and leaves as graph mode's."""
+    stack = [root]
+    while stack:
+        record = stack.pop()
+        tag = record.tag
+        if tag == SHARED or tag == OBJECT or (tag == MODULE and record.early):
+            return False
+        children = getattr(record, "children", None)
+        if children is not None:
+            stack.extend(children)
+    return True
+
+
 def tree_lift(node: Any, function: str) -> LiftedCall:
-    """`node`'s graphdef, paths and leaves, walked as a pytree (see `TreeWalk`)."""
+    """`node`'s graphdef, paths and leaves, walked as a pytree (see `TreeWalk`).
+
+    A graph with no sharing and no `pytree=False` object is the same in both modes, so
+    it is read through the lift cache (which keeps its walk from call to call); only a
+    graph that tree mode must copy from or refuse is walked again."""
+    lifted = lift_cache.find(node)
+    graphdef = lifted.graphdef
+    is_tree = graphdef._is_tree
+    if is_tree is None:
+        is_tree = graphdef._is_tree = _tree_shaped(graphdef.root)
+    if is_tree:
+        check_graph(graphdef, node, function)
+        return lifted
     walk = TreeWalk(function)
     graphdef = walk.graphdef(node)
     check_graph(graphdef, node, function)
