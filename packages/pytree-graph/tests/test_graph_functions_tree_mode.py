@@ -128,7 +128,7 @@ def test_tree_mode_split_matches_graph_mode_on_a_tree_and_merges():
 def test_tree_mode_filters_and_state():
     params, stats = pg.state(Linear(), pg.Param, pg.BatchStat, graph=False)
     assert list(params) == ["w"] and list(stats) == ["b"]
-    graphdef, params, rest = pg.split(Linear(), pg.Param, ..., graph=False)
+    _, params, rest = pg.split(Linear(), pg.Param, ..., graph=False)
     assert list(rest) == ["b"]
 
 
@@ -253,7 +253,7 @@ def test_unpack_errors():
         pg.merge(params, pg.state(Linear(), pg.BatchStat))
     with pytest.raises(ValueError, match="Expected a State object, got dict"):
         pg.GraphState(pg.graphdef(Linear()), {})
-    with pytest.raises(TypeError, match="GraphDef first .* or GraphStates"):
+    with pytest.raises(TypeError, match=r"GraphDef first .* or GraphStates"):
         pg.merge({"w": 1})
 
 
@@ -365,9 +365,9 @@ def test_get_abstract_model_graph():
     from jax.sharding import Mesh
 
     mesh = Mesh(np.array(jax.devices()[:1]), ("model",))
-    graphdef, abstract = pg.get_abstract_model(Linear, mesh, graph=False)
+    _, abstract = pg.get_abstract_model(Linear, mesh, graph=False)
     assert abstract["w"].value.shape == (2,)
     with pytest.raises(ValueError, match="Duplicate Param"):
         pg.get_abstract_model(TiedVariables, mesh, graph=False)
-    graphdef, abstract = pg.get_abstract_model(TiedVariables, mesh)
+    _, abstract = pg.get_abstract_model(TiedVariables, mesh)
     assert list(abstract) == ["decoder"]

@@ -37,9 +37,9 @@ def test_attribute_access_inside_a_module():
 def test_missing_key_names_it_and_the_keys():
     layers = Dict(a=1.0, b=2.0)
     with pytest.raises(AttributeError, match=r"Dict has no key 'c' \(keys: 'a', 'b'\)"):
-        layers.c
+        _ = layers.c
     with pytest.raises(AttributeError, match=r"no key 'c' \(keys: none\)"):
-        Dict().c
+        _ = Dict().c
     with pytest.raises(AttributeError, match="no key 'c' to delete"):
         del layers.c
     assert dict(layers) == {"a": 1.0, "b": 2.0}

@@ -123,7 +123,9 @@ def test_train_eval_and_set_attributes():
     assert not net.drop.deterministic
     net.set_attributes(rate=0.2)
     assert net.drop.rate == 0.2 and net.blocks[0].rate == 0.2
-    with pytest.raises(ValueError, match=r"no selected Module has the attribute\(s\) \['momentum'\]"):
+    with pytest.raises(
+        ValueError, match=r"no selected Module has the attribute\(s\) \['momentum'\]"
+    ):
         net.set_attributes(momentum=0.9)
     # Filters select the Modules, as Flax NNX's `Module.set_attributes(*filters, ...)`.
     net.set_attributes(lambda path, m: path == ("drop",), rate=0.3)

@@ -25,6 +25,7 @@ from ._graphdef import GraphDef as GraphDef
 from ._graphdef import GraphState as GraphState
 from ._graphdef import merge as merge
 from ._iteration import iter_children as iter_children
+from ._iteration import iter_graph as iter_graph
 from ._iteration import iter_modules as iter_modules
 from ._iteration import recursive_map as recursive_map
 from ._jit import jit as jit
@@ -69,7 +70,6 @@ from ._split_merge import update as update
 from ._state import State as State
 from ._transform_metadata import PARTITION_NAME as PARTITION_NAME
 from ._traverse import find_duplicates as find_duplicates
-from ._traverse import iter_graph as iter_graph
 from ._tree_form import FlatState as FlatState
 from ._tree_form import NodeState as NodeState
 from ._tree_form import flatten as flatten

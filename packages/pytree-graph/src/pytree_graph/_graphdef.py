@@ -132,9 +132,7 @@ class GraphState(MutableMapping):
 
     def __init__(self, graphdef: GraphDef, state: State) -> None:
         if not isinstance(graphdef, GraphDef):
-            raise TypeError(
-                f"GraphState takes a GraphDef first, got a {type(graphdef).__name__}."
-            )
+            raise TypeError(f"GraphState takes a GraphDef first, got a {type(graphdef).__name__}.")
         if not isinstance(state, State):
             raise ValueError(f"Expected a State object, got {type(state).__name__}")
         object.__setattr__(self, "_graphdef", graphdef)
@@ -221,6 +219,7 @@ def _graph_states(first: GraphState, rest: tuple[Any, ...]) -> tuple[GraphDef, t
             )
     return graphdef, (first._state, *(other._state for other in rest))
 
+
 # `GraphDef.apply` is `call`, which splits graphs and so lives in a module above this one
 # (`_pure_call`); that module puts it here when it is imported (the package's
 # `__init__` imports it), so that imports point one way.
@@ -254,9 +253,7 @@ def build(
     return result
 
 
-def merge(
-    graphdef: Any, *states: Any, copy: bool = False, recreate_variables: bool = True
-) -> Any:
+def merge(graphdef: Any, *states: Any, copy: bool = False, recreate_variables: bool = True) -> Any:
     """Build a new object graph from a `GraphDef` and States (the inverse of `split`).
 
     Arguments:

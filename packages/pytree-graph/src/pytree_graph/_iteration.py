@@ -10,8 +10,39 @@ from pytree_module import Dict, List, Module
 from pytree_module.extend import blank_instance, flat_form, is_pytree_class
 
 from ._traverse import GraphWalk, _stops, check_graph
+from ._traverse import iter_graph as graph_order
 from ._tree_mode import cycle_error, duplicate_error, is_tree_mode, not_pytree_error, tree_order
 from ._variables import Variable
+
+
+def iter_graph(node: Any, *, graph: bool | None = None) -> Iterator[tuple[Path, Any]]:
+    """Iterate over every Module, Variable and array of a graph, each shared one once.
+
+    Children come before their parents (post-order), so the root comes last; attributes
+    in name order, items in position order.
+
+    Arguments:
+        node: a Module (or any pytree or `pytree=False` object graph).
+        graph: `False` for tree mode (see `pytree_graph.split`): a Module held twice is
+            yielded twice (with what it holds), a Variable reached twice or a
+            `pytree=False` object raises a ValueError; `None` reads `set_graph_mode`.
+
+    Returns:
+        An iterator of `(path, value)` pairs, paths being tuples of keys.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pytree_module import Module
+        >>> from pytree_graph import Param, iter_graph
+        >>> class Linear(Module):
+        ...     def __init__(self):
+        ...         self.w = Param(jnp.ones(2))
+        >>> [(path, type(value).__name__) for path, value in iter_graph(Linear())]
+        [(('w',), 'Param'), ((), 'Linear')]
+    """
+    if graph is not True and is_tree_mode(graph):
+        return iter(tree_order(node, "iter_graph")[1])
+    return graph_order(node)
 
 
 def iter_modules(node: Any, *, graph: bool | None = None) -> Iterator[tuple[Path, Module]]:
@@ -211,7 +242,9 @@ class _Mapper:
         return new
 
 
-def recursive_map(fn: Callable[[Path, Any], Any], node: Any, /, *, graph: bool | None = None) -> Any:
+def recursive_map(
+    fn: Callable[[Path, Any], Any], node: Any, /, *, graph: bool | None = None
+) -> Any:
     """A new graph made by calling `fn(path, value)` on every node of `node`, bottom-up.
 
     Every Module, Variable, array, container and other value is passed to `fn` once its

@@ -308,37 +308,9 @@ def check_graph(graphdef: GraphDef, node: Any, function: str) -> None:
         )
 
 
-def iter_graph(node: Any, *, graph: bool | None = None) -> Iterator[tuple[Path, Any]]:
-    """Iterate over every Module, Variable and array of a graph, each shared one once.
-
-    Children come before their parents (post-order), so the root comes last; attributes
-    in name order, items in position order.
-
-    Arguments:
-        node: a Module (or any pytree or `pytree=False` object graph).
-        graph: `False` for tree mode (see `pytree_graph.split`): a Module held twice is
-            yielded twice (with what it holds), a Variable reached twice or a
-            `pytree=False` object raises a ValueError; `None` reads `set_graph_mode`.
-
-    Returns:
-        An iterator of `(path, value)` pairs, paths being tuples of keys.
-
-    Examples:
-        >>> import jax.numpy as jnp
-        >>> from pytree_module import Module
-        >>> from pytree_graph import Param, iter_graph
-        >>> class Linear(Module):
-        ...     def __init__(self):
-        ...         self.w = Param(jnp.ones(2))
-        >>> [(path, type(value).__name__) for path, value in iter_graph(Linear())]
-        [(('w',), 'Param'), ((), 'Linear')]
-    """
-    if graph is not True:
-        # Imported here: tree mode's walk is built on `GraphWalk`, defined above.
-        from ._tree_mode import is_tree_mode, tree_order
-
-        if is_tree_mode(graph):
-            return iter(tree_order(node, "iter_graph")[1])
+def iter_graph(node: Any) -> Iterator[tuple[Path, Any]]:
+    """`(path, value)` of every Module, Variable and array of `node`, each shared one once,
+    children first (graph mode; the public `pytree_graph.iter_graph` also has tree mode)."""
     walk = GraphWalk(record_order=True)
     walk.graphdef(node)
     assert walk.order is not None

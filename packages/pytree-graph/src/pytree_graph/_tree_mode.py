@@ -125,7 +125,7 @@ def _tree_shaped(root: tuple) -> bool:
     while stack:
         record = stack.pop()
         tag = record.tag
-        if tag == SHARED or tag == OBJECT or (tag == MODULE and record.early):
+        if tag in (SHARED, OBJECT) or (tag == MODULE and record.early):
             return False
         children = getattr(record, "children", None)
         if children is not None:
