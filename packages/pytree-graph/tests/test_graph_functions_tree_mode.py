@@ -1,6 +1,8 @@
 """Tree mode (`graph=False`) of the graph functions, `unpack` / `GraphState`,
 `to_tree(prefix=)`, `merge` / `map(recreate_variables=)`, and `List` / `Dict` kept shared."""
 
+import copy
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -232,7 +234,11 @@ def test_graph_state_is_a_pytree_and_updates_a_model():
     assert isinstance(doubled, pg.GraphState) and doubled.graphdef == graph_state.graphdef
     pg.update(model, doubled)
     np.testing.assert_allclose(model.w.value, 2.0)
-    assert jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(graph_state)[0][0][0])
+    # Its leaves have the State's paths.
+    keyed = jax.tree_util.tree_flatten_with_path
+    assert [p for p, _ in keyed(graph_state)[0]] == [p for p, _ in keyed(graph_state.state)[0]]
+    copied = copy.copy(graph_state)
+    assert copied.graphdef is graph_state.graphdef and copied.state is graph_state.state
 
 
 def test_graph_state_setters():

@@ -149,7 +149,14 @@ class GraphState(MutableMapping):
         return self._state
 
     def __getattr__(self, name: str) -> Any:
+        # Only for names the GraphState itself lacks; its own slots unset (half-built,
+        # while copying) must not recurse into `self._state`.
+        if name in ("_graphdef", "_state") or (name.startswith("__") and name.endswith("__")):
+            raise AttributeError(name)
         return getattr(self._state, name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return GraphState, (self._graphdef, self._state)
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self._state, name, value)
