@@ -17,10 +17,12 @@ from ._argument_specs import NO_ENTRY, PerArgumentSpecs, SpecTable, leaves_of
 from ._boundary import Call, Inside
 from ._error_names import rename_in_error
 from ._errors import check_callable, donated_positions
+from ._graph_mode import resolve_modes
 from ._graphdef import GraphDef
 from ._lift import LiftedCall, Reordered
 from ._lift_cache import lift_cache
 from ._outcome import NOTHING_CHANGED, Outcome, ValuesChanged
+from ._tree_transforms import SimpleJit
 from ._variables import Variable
 
 
@@ -345,7 +347,13 @@ def return_donated(
     return dataclasses.replace(outcome, changed=changed), values
 
 
-def jit(fun: Callable[..., Any] | None = None, **jit_kwargs: Any) -> Any:
+def jit(
+    fun: Callable[..., Any] | None = None,
+    *,
+    graph: bool | None = None,
+    graph_updates: bool | None = None,
+    **jit_kwargs: Any,
+) -> Any:
     """`jax.jit` for functions of Modules and Variables, with sharing and updates kept.
 
     The arguments are walked as one object graph: Modules and Variables shared between
@@ -377,6 +385,12 @@ def jit(fun: Callable[..., Any] | None = None, **jit_kwargs: Any) -> Any:
             laying out the Variables written; and `out_shardings`: the same for the
             output, or one `StateSharding` for all of it (its new arrays and Variables;
             objects that came in keep their `in_shardings`).
+        graph: `False` for tree mode: `jax.jit` over the arguments as pytrees (every
+            option of `jax.jit` taken as it takes it, `static_argnums` too); only the
+            values (and metadata) of Variables are written back, and a Variable met twice
+            is refused. `None` (default) reads `set_graph_mode`. See "Tree mode".
+        graph_updates: `False` keeps graph mode's sharing but writes back only Variable
+            values, never structure (as tree mode). `None` reads `set_graph_updates`.
 
     Returns:
         The compiled function. As a class attribute it binds like a method.
@@ -399,12 +413,18 @@ def jit(fun: Callable[..., Any] | None = None, **jit_kwargs: Any) -> Any:
         >>> _ = step(model, jnp.ones(2)); int(model.count.value)
         2
     """
+    graph, graph_updates = resolve_modes(graph, graph_updates)
+    if fun is None:
+        return functools.partial(jit, graph=graph, graph_updates=graph_updates, **jit_kwargs)
+    check_callable(fun, "jit")
+    if not (graph and graph_updates):
+        return SimpleJit(fun, graph, jit_kwargs)
     for option, why in _REFUSED_OPTIONS.items():
         if option in jit_kwargs:
-            raise TypeError(f"pytree_graph.jit does not take `{option}`: {why}")
-    if fun is None:
-        return functools.partial(jit, **jit_kwargs)
-    check_callable(fun, "jit")
+            raise TypeError(
+                f"pytree_graph.jit does not take `{option}`: {why} (Tree mode, "
+                "`graph=False`, takes it.)"
+            )
     return _GraphJit(fun, jit_kwargs)
 
 

@@ -1,0 +1,386 @@
+"""The machinery shared by the graph transforms in tree mode and with `graph_updates=False`.
+
+Graph mode with structural updates (the default) lifts the arguments as one object graph and
+writes back whatever changed, attributes included. The two other modes (Flax NNX 0.12's
+"simple" transforms) run the plain JAX transform over the arguments as pytrees:
+
+- tree mode (`graph=False`): each argument is the pytree it already is. Inside, the function
+  sees copies (new Variables); the Variables whose value or metadata it changed are returned
+  beside its output and written into the caller's Variables, matched by position. Nothing
+  else is written back. A Variable met twice (a tied model), or an input Variable returned,
+  is refused: a pytree cannot say that two leaves are one cell, so the tie would be lost.
+- graph mode without structural updates (`graph=True, graph_updates=False`): the arguments
+  are first encoded with `to_tree` (sharing kept, each Variable held once), decoded inside;
+  then as tree mode.
+"""
+
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+from jax.sharding import PartitionSpec, Sharding
+from jax.tree_util import DictKey, GetAttrKey, SequenceKey
+
+from pytree_module.extend import touch
+from pytree_transforms.extend import BindsAsMethod
+
+from ._graphdef import check_writable, merge
+from ._state import State
+from ._tree_form import NodeState, from_tree, to_tree
+from ._variables import Variable, wrote_values
+
+_set_variable = Variable._pg_flat.__set__  # type: ignore[attr-defined]
+
+
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, Variable)
+
+
+def path_text(keypath: tuple) -> str:
+    """A JAX key path as the user wrote it: `args[0].layer.w`, `kwargs['x']`, `out[1]`."""
+    parts = []
+    for i, key in enumerate(keypath):
+        if isinstance(key, GetAttrKey):
+            parts.append(f".{key.name}")
+        elif isinstance(key, SequenceKey):
+            parts.append(f"[{key.idx}]")
+        elif isinstance(key, DictKey):
+            # The first key is the group (`args`, `kwargs`, `out`), written as a name.
+            parts.append(str(key.key) if i == 0 else f"[{key.key!r}]")
+        else:
+            parts.append(str(key))
+    return "".join(parts).lstrip(".")
+
+
+def copy_tree(tree: Any) -> Any:
+    """`tree` rebuilt: new Modules and new Variables holding the same values."""
+    return jax.tree.map(lambda x: x, tree)
+
+
+def aliasing_error(transform: str, variable: Variable, first: str, second: str) -> ValueError:
+    """The error for one Variable met at two paths (inputs, or an input and the output)."""
+    name = type(variable).__name__
+    return ValueError(
+        f"Duplicate {name} found at paths:\n\n  - {first}\n  - {second}\n\n"
+        f"pytree_graph.{transform} with graph=False or graph_updates=False does not support "
+        "Variable aliasing (duplicate inputs, duplicate outputs, or input Variables returned "
+        "as outputs): as a pytree, the two places would become two Variables. Consider the "
+        "following options:\n\n"
+        "1. Remove the duplicate Variables.\n"
+        "2. Create new Variables with pytree_graph.clone() and use those instead.\n"
+        f"3. Enable graph mode and graph updates: pytree_graph.{transform}(..., graph=True, "
+        "graph_updates=True)\n"
+        f"4. Use pytree_graph.compat.{transform}(...) (graph=True and graph_updates=True "
+        "by default)"
+    )
+
+
+def variables_of(transform: str, groups: dict[str, Any]) -> tuple[list[Variable], list[str]]:
+    """The Variables of `groups` in flattening order, with their paths; one met twice is
+    refused (`aliasing_error`)."""
+    variables, paths, _ = _variables_with_roots(transform, groups)
+    return variables, paths
+
+
+def _variables_with_roots(transform: str, groups: dict[str, Any]) -> tuple[list, list, list]:
+    """As `variables_of`, with each Variable's root: `(group, argument position or name)`."""
+    seen: dict[int, str] = {}
+    variables: list[Variable] = []
+    paths: list[str] = []
+    roots: list[tuple[Any, Any]] = []
+    for keypath, leaf in jax.tree_util.tree_leaves_with_path(groups, is_leaf=_is_variable):
+        if not isinstance(leaf, Variable):
+            continue
+        path = path_text(keypath)
+        first = seen.get(id(leaf))
+        if first is not None:
+            raise aliasing_error(transform, leaf, first, path)
+        seen[id(leaf)] = path
+        variables.append(leaf)
+        paths.append(path)
+        key = keypath[1] if len(keypath) > 1 else None
+        roots.append((keypath[0].key, getattr(key, "idx", getattr(key, "key", None))))
+    return variables, paths, roots
+
+
+def check_output(transform: str, inputs: list[Variable], paths: list[str], out: Any) -> None:
+    """Refuse an output holding an input Variable, or one Variable twice."""
+    seen = {id(v): p for v, p in zip(inputs, paths, strict=True)}
+    for keypath, leaf in jax.tree_util.tree_leaves_with_path({"out": out}, is_leaf=_is_variable):
+        if isinstance(leaf, Variable):
+            path = path_text(keypath)
+            first = seen.get(id(leaf))
+            if first is not None:
+                raise aliasing_error(transform, leaf, first, path)
+            seen[id(leaf)] = path
+
+
+_PREFIX_LEAF = (PartitionSpec, Sharding)
+
+
+def _is_prefix_leaf(x: Any) -> bool:
+    return x is None or isinstance(x, _PREFIX_LEAF)
+
+
+def variable_prefixes(prefix: Any, groups: dict[str, Any]) -> list[Any]:
+    """The leaf of the prefix tree `prefix` (of `groups`) each Variable of `groups` is under,
+    in the order `variables_of` lists them."""
+    out: list[Any] = []
+
+    def visit(leaf: Any, subtree: Any) -> None:
+        count = sum(isinstance(x, Variable) for x in jax.tree.leaves(subtree, is_leaf=_is_variable))
+        out.extend([leaf] * count)
+
+    jax.tree.map(visit, prefix, groups, is_leaf=_is_prefix_leaf)
+    return out
+
+
+class Updates:
+    """The Variables a call changed, of one prefix group: a pytree of those Variables, with
+    their positions (among the call's input Variables) as static data."""
+
+    __slots__ = ("positions", "variables")
+
+    def __init__(self, positions: tuple[int, ...], variables: list[Variable]):
+        self.positions = positions
+        self.variables = variables
+
+
+jax.tree_util.register_pytree_node(
+    Updates,
+    lambda u: (u.variables, u.positions),
+    lambda positions, variables: Updates(positions, list(variables)),
+)
+
+
+def unique_prefixes(prefix: Any, extra: Iterable[Any] = ()) -> list[Any]:
+    """The distinct leaves of a prefix tree (`None` counts), with `extra` ones after."""
+    found: list[Any] = []
+    for leaf in jax.tree.leaves(prefix, is_leaf=_is_prefix_leaf):
+        if leaf not in found:
+            found.append(leaf)
+    for leaf in extra:
+        if leaf not in found:
+            found.append(leaf)
+    return found
+
+
+def refuse_state_prefixes(prefix: Any, option: str, transform: str) -> None:
+    """Refuse `StateAxes`, `DiffState` or `StateSharding` in a prefix argument (they select
+    Variables of a graph: in tree mode, give a pytree prefix instead)."""
+    # Imported here: those modules import this one.
+    from ._argument_specs import StateSharding
+    from ._autodiff import DiffState
+    from ._vmap import StateAxes
+
+    kinds = (StateAxes, DiffState, StateSharding)
+    for leaf in jax.tree.leaves(prefix, is_leaf=lambda x: _is_prefix_leaf(x) or isinstance(x, kinds)):
+        if isinstance(leaf, kinds):
+            name = type(leaf).__name__
+            raise ValueError(
+                f"`{option}` cannot contain `{name}` objects when `graph=False` or "
+                "`graph_updates=False`. Consider the following options:\n\n"
+                f"1. Remove `{name}` objects from `{option}` (in tree mode, give a pytree "
+                "prefix of the argument, e.g. a Module-shaped one with a value per Variable).\n"
+                "2. Enable graph mode and graph updates by passing graph=True and "
+                f"graph_updates=True: pytree_graph.{transform}(..., graph=True, "
+                "graph_updates=True)\n"
+                f"3. Use pytree_graph.compat.{transform}(...) instead."
+            )
+
+
+def encode(tree: Any, graph: bool) -> Any:
+    """The pytree a transform passes on: `tree` as it is (tree mode), or with each graph
+    node replaced by a `NodeState` (graph mode: sharing kept, each Variable held once)."""
+    return to_tree(tree) if graph else tree
+
+
+def _is_node_state(x: Any) -> bool:
+    return isinstance(x, NodeState)
+
+
+def decode_sharing(tree: Any) -> Any:
+    """`from_tree` without copying the Variables: inside a transform, the function must
+    write into the Variables whose changes are collected."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_node_state)
+    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, NodeState)]
+    if not positions:
+        return tree
+    graphdef = leaves[positions[0]].graphdef
+    states = State({leaves[p].index: leaves[p].state for p in positions})
+    nodes = merge(graphdef, states)
+    for position in positions:
+        leaves[position] = nodes[leaves[position].index]
+    return treedef.unflatten(leaves)
+
+
+def decode(tree: Any, graph: bool) -> Any:
+    """The transform's output as the caller gets it (graph nodes rebuilt in graph mode)."""
+    return from_tree(tree) if graph else tree
+
+
+class Inside:
+    """A call's inside: copies of the arguments, what their Variables held on entry, and
+    the changes to return.
+
+    Used by each transform's pure function: `enter` gives the arguments the function gets,
+    `updates` the changed Variables, grouped as `prefixes` says.
+    """
+
+    __slots__ = ("transform", "graph", "variables", "paths", "roots", "held")
+
+    def __init__(self, transform: str, graph: bool):
+        self.transform = transform
+        self.graph = graph
+
+    def enter(self, args: tuple, kwargs: dict[str, Any], copy: bool = True) -> tuple:
+        if copy:
+            args, kwargs = copy_tree((args, kwargs))
+        self.variables, self.paths, self.roots = _variables_with_roots(
+            self.transform, {"args": args, "kwargs": kwargs}
+        )
+        self.held = [(v._pg_flat[0][0], v._pg_flat[1]) for v in self.variables]
+        if self.graph:
+            args, kwargs = decode_sharing((args, kwargs))
+        return args, kwargs
+
+    def leave(self, out: Any) -> Any:
+        """The output, encoded; an input Variable in it is refused."""
+        if self.graph:
+            out = to_tree(out)
+        check_output(self.transform, self.variables, self.paths, out)
+        return out
+
+    def changed(self) -> list[int]:
+        """The positions of the Variables whose value or metadata changed."""
+        return [
+            i
+            for i, (v, (value, kind)) in enumerate(zip(self.variables, self.held, strict=True))
+            if v._pg_flat[0][0] is not value or v._pg_flat[1] is not kind
+        ]
+
+    def updates(
+        self,
+        prefixes: list[Any] | None = None,
+        groups: list[Any] = (None,),  # type: ignore[assignment]
+        keep: Callable[[int], bool] | None = None,
+    ) -> list[Updates]:
+        """The changed Variables, one `Updates` per entry of `groups`: a Variable goes to the
+        group of its prefix (`prefixes`, one per input Variable; all in the first group
+        without). `keep(position)` adds unchanged Variables (donated ones)."""
+        positions = self.changed()
+        if keep is not None:
+            extra = [i for i in range(len(self.variables)) if keep(i)]
+            positions = sorted(set(positions).union(extra))
+        by_group: list[list[int]] = [[] for _ in groups]
+        for i in positions:
+            g = 0 if prefixes is None else groups.index(prefixes[i])
+            by_group[g].append(i)
+        return [Updates(tuple(ps), [self.variables[i] for i in ps]) for ps in by_group]
+
+
+def apply_updates(variables: list[Variable], updates: Iterable[Updates]) -> None:
+    """Write the changed values (and metadata) into the caller's Variables."""
+    try:
+        for group in updates:
+            for position, new in zip(group.positions, group.variables, strict=True):
+                write(variables[position], new)
+    finally:
+        wrote_values()
+
+
+def write(target: Variable, new: Variable) -> None:
+    """Give `target` the value and metadata of `new` (the caller must call `wrote_values`)."""
+    check_writable(target)
+    values, kind = new._pg_flat
+    if target._pg_flat[1] is kind:
+        target._pg_flat[0][0] = values[0]
+    else:
+        _set_variable(target, ([values[0]], kind))
+        touch()
+
+
+def outer_variables(transform: str, graph: bool, args: tuple, kwargs: dict) -> tuple:
+    """The arguments as passed on (`encode`d), and the caller's Variables in them (one met
+    twice refused)."""
+    args, kwargs = encode((args, kwargs), graph)
+    variables, _ = variables_of(transform, {"args": args, "kwargs": kwargs})
+    return args, kwargs, variables
+
+
+class SimpleJit(BindsAsMethod):
+    """`jit` in tree mode, or in graph mode without structural updates: `jax.jit` over the
+    arguments as pytrees (see the module docstring)."""
+
+    def __init__(self, fun: Callable[..., Any], graph: bool, jit_kwargs: dict[str, Any]):
+        self._fun = fun
+        self._graph = graph
+        jit_kwargs = dict(jit_kwargs)
+        in_shardings = jit_kwargs.get("in_shardings")
+        out_shardings = jit_kwargs.get("out_shardings")
+        refuse_state_prefixes(in_shardings, "in_shardings", "jit")
+        refuse_state_prefixes(out_shardings, "out_shardings", "jit")
+        donate = jit_kwargs.get("donate_argnums", ())
+        self._donate = frozenset((donate,) if isinstance(donate, int) else donate)
+        names = jit_kwargs.get("donate_argnames", ())
+        self._donate_names = frozenset((names,) if isinstance(names, str) else names)
+        static = jit_kwargs.get("static_argnums", ())
+        static = sorted((static,) if isinstance(static, int) else static)
+        # `in_shardings` has no entry for a static argument: the pure function's prefix has.
+        prefix = in_shardings
+        if isinstance(in_shardings, tuple | list) and static:
+            expanded = list(in_shardings)
+            for i in static:
+                expanded.insert(i, None)
+            prefix = tuple(expanded)
+        sharded = "in_shardings" in jit_kwargs
+        self._groups = unique_prefixes(prefix, (None,)) if sharded else [None]
+        self._prefix = {"args": prefix, "kwargs": None} if sharded else None
+        if sharded:
+            jit_kwargs["out_shardings"] = (out_shardings, list(self._groups))
+        self._jitted = jax.jit(self._pure, **jit_kwargs)
+        functools.update_wrapper(self, fun, updated=())
+
+    def _pure(self, *args: Any, **kwargs: Any) -> tuple[Any, list[Updates]]:
+        inside = Inside("jit", self._graph)
+        args, kwargs = inside.enter(args, kwargs)
+        out = inside.leave(self._fun(*args, **kwargs))
+        prefixes = None
+        if self._prefix is not None:
+            prefixes = variable_prefixes(self._prefix, {"args": args, "kwargs": kwargs})
+        keep = None
+        if self._donate or self._donate_names:
+            # A donated Variable the function left as it was still needs a live value.
+            keep = self._donated_keep(inside)
+        return out, inside.updates(prefixes, self._groups, keep)
+
+    def _donated_keep(self, inside: Inside) -> Callable[[int], bool]:
+        def keep(position: int) -> bool:
+            group, key = inside.roots[position]
+            return key in (self._donate if group == "args" else self._donate_names)
+
+        return keep
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs, variables = outer_variables("jit", self._graph, args, kwargs)
+        out, updates = self._jitted(*args, **kwargs)
+        apply_updates(variables, updates)
+        return decode(out, self._graph)
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """The output's shapes and dtypes, without running (as `jax.jit(f).eval_shape`)."""
+        args, kwargs, _ = outer_variables("jit", self._graph, args, kwargs)
+        out, _ = self._jitted.eval_shape(*args, **kwargs)
+        return decode(out, self._graph)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """`jax.jit(...).lower` over the arguments as pytrees (the program also returns the
+        Variables it changes; a compiled program does not write them back)."""
+        args, kwargs, _ = outer_variables("jit", self._graph, args, kwargs)
+        return self._jitted.lower(*args, **kwargs)
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        """`jax.jit(...).trace` over the arguments as pytrees."""
+        args, kwargs, _ = outer_variables("jit", self._graph, args, kwargs)
+        return self._jitted.trace(*args, **kwargs)
