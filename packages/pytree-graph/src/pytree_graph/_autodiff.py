@@ -12,7 +12,9 @@ from pytree_transforms.extend import BindsAsMethod
 from ._aliases import lift_recording_aliases
 from ._boundary import Call, Inside
 from ._errors import check_callable
+from ._graph_mode import resolve_modes
 from ._tangents import Differentiated
+from ._tree_transforms import simple_grad
 from ._variables import Param
 
 
@@ -212,6 +214,15 @@ _ARGUMENTS_DOC = """
             Other arguments (arrays, dicts of arrays, States, Variables) have every
             floating-point array and Variable differentiated, and their gradient has
             their shape (Variables holding gradients, None for the rest).
+        graph: `False` for tree mode: `jax.grad` over the arguments as pytrees. The
+            gradient of a Module is Module-shaped (the same class, each Variable holding
+            the gradient of its value), every leaf of the differentiated arguments is
+            differentiated (so they must all be floating point, as for `jax.grad`;
+            `wrt=` and `DiffState` are refused), Variable values written inside are
+            written back, and a Variable met twice is refused. `None` reads
+            `set_graph_mode`.
+        graph_updates: `False` keeps graph mode's sharing, with gradients and write-back
+            as in tree mode. `None` reads `set_graph_updates`.
         **grad_kwargs: passed on to `jax.grad` (e.g. `holomorphic`).
 """
 
@@ -222,6 +233,8 @@ def value_and_grad(
     argnums: int | DiffState | Sequence[int | DiffState] = 0,
     has_aux: bool = False,
     wrt: Any = Param,
+    graph: bool | None = None,
+    graph_updates: bool | None = None,
     **grad_kwargs: Any,
 ) -> Any:
     """`jax.value_and_grad` for functions of Modules and Variables.
@@ -242,11 +255,21 @@ def value_and_grad(
         >>> float(loss), float(grads["w"].value)
         (6.0, 2.0)
     """
+    graph, graph_updates = resolve_modes(graph, graph_updates)
     if fun is None:
         return functools.partial(
-            value_and_grad, argnums=argnums, has_aux=has_aux, wrt=wrt, **grad_kwargs
+            value_and_grad,
+            argnums=argnums,
+            has_aux=has_aux,
+            wrt=wrt,
+            graph=graph,
+            graph_updates=graph_updates,
+            **grad_kwargs,
         )
     check_callable(fun, "value_and_grad")
+    if not (graph and graph_updates):
+        _check_tree_wrt("value_and_grad", wrt)
+        return simple_grad(fun, graph, "value_and_grad", argnums, has_aux, True, grad_kwargs)
     return _GraphValueAndGrad(fun, argnums, has_aux, wrt, "value_and_grad", grad_kwargs)
 
 
@@ -256,6 +279,8 @@ def grad(
     argnums: int | DiffState | Sequence[int | DiffState] = 0,
     has_aux: bool = False,
     wrt: Any = Param,
+    graph: bool | None = None,
+    graph_updates: bool | None = None,
     **grad_kwargs: Any,
 ) -> Any:
     """`jax.grad` for functions of Modules and Variables: gradients as a `State`.
@@ -284,9 +309,21 @@ def grad(
         >>> list(grads), float(grads["w"].value)
         (['w'], 3.0)
     """
+    graph, graph_updates = resolve_modes(graph, graph_updates)
     if fun is None:
-        return functools.partial(grad, argnums=argnums, has_aux=has_aux, wrt=wrt, **grad_kwargs)
+        return functools.partial(
+            grad,
+            argnums=argnums,
+            has_aux=has_aux,
+            wrt=wrt,
+            graph=graph,
+            graph_updates=graph_updates,
+            **grad_kwargs,
+        )
     check_callable(fun, "grad")
+    if not (graph and graph_updates):
+        _check_tree_wrt("grad", wrt)
+        return simple_grad(fun, graph, "grad", argnums, has_aux, False, grad_kwargs)
     inner = _GraphValueAndGrad(fun, argnums, has_aux, wrt, "grad", grad_kwargs)
 
     @functools.wraps(fun)
@@ -295,6 +332,17 @@ def grad(
         return (grads, value[1]) if has_aux else grads
 
     return _Bound(gradient)
+
+
+def _check_tree_wrt(transform: str, wrt: Any) -> None:
+    if wrt is not Param:
+        raise ValueError(
+            f"{transform}: wrt={_name(wrt)} selects Variables of an object graph; with "
+            "graph=False or graph_updates=False every leaf of the differentiated arguments "
+            "is differentiated (as jax.grad does). Pass graph=True and graph_updates=True to "
+            "use wrt=, or pass only what to differentiate (e.g. `pytree_graph.state(model, "
+            "filter)`) as the argument."
+        )
 
 
 class _Bound(BindsAsMethod):

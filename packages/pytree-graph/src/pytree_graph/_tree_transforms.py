@@ -15,6 +15,7 @@ writes back whatever changed, attributes included. The two other modes (Flax NNX
 """
 
 import functools
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -174,8 +175,16 @@ def refuse_state_prefixes(prefix: Any, option: str, transform: str) -> None:
     from ._autodiff import DiffState
     from ._vmap import StateAxes
 
-    kinds = (StateAxes, DiffState, StateSharding)
-    for leaf in jax.tree.leaves(prefix, is_leaf=lambda x: _is_prefix_leaf(x) or isinstance(x, kinds)):
+    kinds = (StateAxes, DiffState, StateSharding, Variable)
+    stop = lambda x: _is_prefix_leaf(x) or isinstance(x, kinds)  # noqa: E731
+    for keypath, leaf in jax.tree_util.tree_leaves_with_path(prefix, is_leaf=stop):
+        if isinstance(leaf, Variable):
+            raise ValueError(
+                f"Found a {type(leaf).__name__} at {path_text(keypath) or 'the top'} of "
+                f"`{option}` for pytree_graph.{transform}: a prefix gives one entry for a "
+                "whole Variable, not a Variable holding it. Put the entry in place of the "
+                "Variable (`pytree_graph.prefix` builds such a prefix from a Module)."
+            )
         if isinstance(leaf, kinds):
             name = type(leaf).__name__
             raise ValueError(
@@ -228,18 +237,19 @@ class Inside:
     `updates` the changed Variables, grouped as `prefixes` says.
     """
 
-    __slots__ = ("transform", "graph", "variables", "paths", "roots", "held")
+    __slots__ = ("transform", "graph", "variables", "paths", "roots", "held", "prefixes")
 
     def __init__(self, transform: str, graph: bool):
         self.transform = transform
         self.graph = graph
 
-    def enter(self, args: tuple, kwargs: dict[str, Any], copy: bool = True) -> tuple:
-        if copy:
-            args, kwargs = copy_tree((args, kwargs))
-        self.variables, self.paths, self.roots = _variables_with_roots(
-            self.transform, {"args": args, "kwargs": kwargs}
-        )
+    def enter(self, args: tuple, kwargs: dict[str, Any], prefix: Any = None) -> tuple:
+        """The arguments the function gets. `prefix` (of `{"args": ..., "kwargs": ...}`)
+        gives each Variable its group for `updates`."""
+        args, kwargs = copy_tree((args, kwargs))
+        groups = {"args": args, "kwargs": kwargs}
+        self.variables, self.paths, self.roots = _variables_with_roots(self.transform, groups)
+        self.prefixes = None if prefix is None else variable_prefixes(prefix, groups)
         self.held = [(v._pg_flat[0][0], v._pg_flat[1]) for v in self.variables]
         if self.graph:
             args, kwargs = decode_sharing((args, kwargs))
@@ -262,13 +272,13 @@ class Inside:
 
     def updates(
         self,
-        prefixes: list[Any] | None = None,
         groups: list[Any] = (None,),  # type: ignore[assignment]
         keep: Callable[[int], bool] | None = None,
     ) -> list[Updates]:
         """The changed Variables, one `Updates` per entry of `groups`: a Variable goes to the
-        group of its prefix (`prefixes`, one per input Variable; all in the first group
-        without). `keep(position)` adds unchanged Variables (donated ones)."""
+        group of its prefix leaf (see `enter`; all in the first group without a prefix).
+        `keep(position)` adds unchanged Variables (donated ones)."""
+        prefixes = self.prefixes
         positions = self.changed()
         if keep is not None:
             extra = [i for i in range(len(self.variables)) if keep(i)]
@@ -309,6 +319,19 @@ def outer_variables(transform: str, graph: bool, args: tuple, kwargs: dict) -> t
     return args, kwargs, variables
 
 
+class Wrapped(BindsAsMethod):
+    """A transformed function that binds like a method as a class attribute."""
+
+    __slots__ = ("__dict__", "_fun")
+
+    def __init__(self, fun: Callable[..., Any]):
+        self._fun = fun
+        functools.update_wrapper(self, fun, updated=())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fun(*args, **kwargs)
+
+
 class SimpleJit(BindsAsMethod):
     """`jit` in tree mode, or in graph mode without structural updates: `jax.jit` over the
     arguments as pytrees (see the module docstring)."""
@@ -344,16 +367,13 @@ class SimpleJit(BindsAsMethod):
 
     def _pure(self, *args: Any, **kwargs: Any) -> tuple[Any, list[Updates]]:
         inside = Inside("jit", self._graph)
-        args, kwargs = inside.enter(args, kwargs)
+        args, kwargs = inside.enter(args, kwargs, self._prefix)
         out = inside.leave(self._fun(*args, **kwargs))
-        prefixes = None
-        if self._prefix is not None:
-            prefixes = variable_prefixes(self._prefix, {"args": args, "kwargs": kwargs})
         keep = None
         if self._donate or self._donate_names:
             # A donated Variable the function left as it was still needs a live value.
             keep = self._donated_keep(inside)
-        return out, inside.updates(prefixes, self._groups, keep)
+        return out, inside.updates(self._groups, keep)
 
     def _donated_keep(self, inside: Inside) -> Callable[[int], bool]:
         def keep(position: int) -> bool:
@@ -384,3 +404,144 @@ class SimpleJit(BindsAsMethod):
         """`jax.jit(...).trace` over the arguments as pytrees."""
         args, kwargs, _ = outer_variables("jit", self._graph, args, kwargs)
         return self._jitted.trace(*args, **kwargs)
+
+
+def _node_states(tree: Any) -> dict[int, Any]:
+    """The States of the `NodeState`s in `tree`, by node index."""
+    leaves = jax.tree.leaves(tree, is_leaf=_is_node_state)
+    return {leaf.index: leaf.state for leaf in leaves if isinstance(leaf, NodeState)}
+
+
+def decode_part(tree: Any, encoded: Any) -> Any:
+    """`from_tree` for a tree holding only some of the `NodeState`s of `encoded` (the
+    gradients of some arguments): the others' States are taken from `encoded`, so that the
+    graph can be built, and left out of the result."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_node_state)
+    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, NodeState)]
+    if not positions:
+        return tree
+    graphdef = leaves[positions[0]].graphdef
+    states = _node_states(encoded)
+    states.update({leaves[p].index: leaves[p].state for p in positions})
+    nodes = merge(graphdef, State(states), copy=True)
+    for position in positions:
+        leaves[position] = nodes[leaves[position].index]
+    return treedef.unflatten(leaves)
+
+
+def simple_grad(
+    fun: Callable[..., Any],
+    graph: bool,
+    transform: str,
+    argnums: Any,
+    has_aux: bool,
+    return_value: bool,
+    grad_kwargs: dict[str, Any],
+) -> Callable[..., Any]:
+    """`grad` / `value_and_grad` in tree mode or with `graph_updates=False`: `jax.grad` over
+    the arguments as pytrees; the gradient of a Module is Module-shaped (the same class,
+    its Variables holding the gradients of their values)."""
+    refuse_state_prefixes(argnums, "argnums", transform)
+
+    def pure(*args: Any, **kwargs: Any) -> Any:
+        inside = Inside(transform, graph)
+        args, kwargs = inside.enter(args, kwargs)
+        out = inside.leave(fun(*args, **kwargs))
+        updates = inside.updates()
+        if has_aux:
+            if not (isinstance(out, tuple) and len(out) == 2):
+                raise TypeError(
+                    f"{transform}(has_aux=True): the function must return a pair "
+                    f"(value, aux), got {type(out).__name__}."
+                )
+            loss, aux = out
+            return loss, (updates, aux)
+        return out, (updates, None)
+
+    transformed = (jax.value_and_grad if return_value else jax.grad)(
+        pure, argnums=argnums, has_aux=True, **grad_kwargs
+    )
+
+    @functools.wraps(fun)
+    def gradient(*args: Any, **kwargs: Any) -> Any:
+        encoded_args, kwargs, variables = outer_variables(transform, graph, args, kwargs)
+        result = transformed(*encoded_args, **kwargs)
+        if return_value:
+            (value, (updates, aux)), grads = result
+        else:
+            grads, (updates, aux) = result
+        apply_updates(variables, updates)
+        if graph:
+            grads = decode_part(grads, encoded_args)
+            aux = from_tree(aux)
+        if return_value:
+            return ((value, aux) if has_aux else value), grads
+        return (grads, aux) if has_aux else grads
+
+    return Wrapped(gradient)
+
+
+_BATCHED_UPDATE = re.compile(r"out_axes\[1\]\[(\d+)\]\[<flat index (\d+)>\]")
+
+
+def _broadcast_write_error(
+    transform: str, error: ValueError, traced: list, groups: list[Any]
+) -> ValueError:
+    """JAX's error for a mapped value at an unmapped output, naming the Variable when the
+    output is a write into a Variable of a broadcast argument."""
+    found = _BATCHED_UPDATE.search(str(error))
+    if found is None or not traced:
+        return error
+    group, index = int(found.group(1)), int(found.group(2))
+    try:
+        path = traced[0][group][index]
+    except IndexError:
+        return error
+    return ValueError(
+        f"{transform}: the function wrote a value that differs across the mapped axis into "
+        f"the Variable at {path}, of an argument with in_axes {groups[group]!r} (not mapped "
+        "over that axis): it would have to hold one value per example. Map the argument "
+        f"(in_axes 0 for it), or write it outside the {transform}. ({error})"
+    )
+
+
+def simple_vmap(
+    fun: Callable[..., Any],
+    graph: bool,
+    transform: str,
+    in_axes: Any,
+    out_axes: Any,
+    vmap_kwargs: dict[str, Any],
+    mapper: Callable[..., Any] = jax.vmap,
+) -> Callable[..., Any]:
+    """`vmap` (or `pmap`, with `mapper=jax.pmap`) in tree mode or with
+    `graph_updates=False`: the JAX transform over the arguments as pytrees. Variables
+    written inside come back with their argument's axis (keyword arguments: 0); one of a
+    broadcast (`None`) argument must get a value that is the same for every example."""
+    refuse_state_prefixes(in_axes, "in_axes", transform)
+    refuse_state_prefixes(out_axes, "out_axes", transform)
+    groups = unique_prefixes(in_axes, (0,))
+    prefix = {"args": in_axes, "kwargs": 0}
+    traced: list[list[list[str]]] = []  # the paths of each group's updates, last traced
+
+    def pure(*args: Any, **kwargs: Any) -> Any:
+        inside = Inside(transform, graph)
+        args, kwargs = inside.enter(args, kwargs, prefix)
+        out = inside.leave(fun(*args, **kwargs))
+        updates = inside.updates(groups)
+        traced[:] = [[[inside.paths[p] for p in u.positions] for u in updates]]
+        return out, updates
+
+    mapped = mapper(pure, in_axes=in_axes, out_axes=(out_axes, list(groups)), **vmap_kwargs)
+
+    @functools.wraps(fun)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs, variables = outer_variables(transform, graph, args, kwargs)
+        try:
+            out, updates = mapped(*args, **kwargs)
+        except ValueError as error:
+            raise _broadcast_write_error(transform, error, traced, groups) from error
+        apply_updates(variables, updates)
+        return decode(out, graph)
+
+    return Wrapped(wrapper)

@@ -16,8 +16,10 @@ from ._argument_specs import FilterSpecs
 from ._boundary import Call, Inside
 from ._carry import Carry, show_axis
 from ._errors import check_callable
+from ._graph_mode import resolve_modes
 from ._transform_metadata import TransformMetadata
 from ._traverse import GraphWalk
+from ._tree_transforms import simple_vmap
 from ._variables import Variable
 
 
@@ -352,6 +354,8 @@ def vmap(
     in_axes: Any = 0,
     out_axes: Any = 0,
     transform_metadata: Mapping[str, Any] | None = None,
+    graph: bool | None = None,
+    graph_updates: bool | None = None,
     **vmap_kwargs: Any,
 ) -> Any:
     """`jax.vmap` for functions of Modules and Variables, with axes chosen per filter.
@@ -383,6 +387,13 @@ def vmap(
         transform_metadata: `{PARTITION_NAME: name}`, naming the batch axis in the
             `sharding` metadata (another key names another tuple-valued metadata
             entry, which gets its value inserted likewise, as in Flax NNX).
+        graph: `False` for tree mode: `jax.vmap` over the arguments as pytrees, with
+            `in_axes`/`out_axes` pytree prefixes as `jax.vmap` takes them (a
+            Module-shaped prefix from `prefix(...)` too; `StateAxes` refused). Variables
+            written inside come back with their argument's axis; a Variable met twice is
+            refused. `None` reads `set_graph_mode`. See "Tree mode".
+        graph_updates: `False` keeps graph mode's sharing, writing back Variable values
+            only (as tree mode). `None` reads `set_graph_updates`.
         **vmap_kwargs: passed on to `jax.vmap` (`axis_name`, `axis_size`,
             `spmd_axis_name`).
 
@@ -419,13 +430,24 @@ def vmap(
         >>> tuple(get_partition_spec(stack)["w"].value)
         ('layers', None, 'model')
     """
+    graph, graph_updates = resolve_modes(graph, graph_updates)
     if fun is None:
         return functools.partial(
             vmap,
             in_axes=in_axes,
             out_axes=out_axes,
             transform_metadata=transform_metadata,
+            graph=graph,
+            graph_updates=graph_updates,
             **vmap_kwargs,
         )
     check_callable(fun, "vmap")
+    if not (graph and graph_updates):
+        if transform_metadata:
+            raise ValueError(
+                "vmap: transform_metadata= names the batch axis in the Variables' metadata, "
+                "which graph=False and graph_updates=False do not write back. Pass "
+                "graph=True and graph_updates=True to use it."
+            )
+        return simple_vmap(fun, graph, "vmap", in_axes, out_axes, vmap_kwargs)
     return _GraphVmap(fun, in_axes, out_axes, transform_metadata, vmap_kwargs)
