@@ -34,11 +34,20 @@ from ._aliases import check_one_spec, lift_recording_aliases, show_argument_path
 from ._boundary import Call, Inside
 from ._carry import Carry, check_carried_types, numbers_as_arrays, show_axis
 from ._errors import check_callable
+from ._graph_mode import resolve_modes
 from ._graphdef import Builder, GraphDef, build
 from ._lift import LiftedCall, lift_once, value_of
 from ._outcome import ValuesChanged
 from ._transform_metadata import TransformMetadata
 from ._traverse import GraphWalk
+from ._tree_transforms import (
+    finish_branches,
+    loop_init,
+    loop_result,
+    simple_branches,
+    simple_loop_body,
+    simple_loop_cond,
+)
 from ._variables import Variable
 from ._vmap import StateAxes, argument_leaves, check_output_items, place_axis, spec_at
 
@@ -58,7 +67,12 @@ def _finish(lifted: LiftedCall, result: tuple) -> Any:
 
 
 def cond(
-    pred: Any, true_fun: Callable[..., Any], false_fun: Callable[..., Any], *operands: Any
+    pred: Any,
+    true_fun: Callable[..., Any],
+    false_fun: Callable[..., Any],
+    *operands: Any,
+    graph: bool | None = None,
+    graph_updates: bool | None = None,
 ) -> Any:
     """`jax.lax.cond` whose operands may hold Modules and Variables.
 
@@ -70,6 +84,11 @@ def cond(
         true_fun: called with the operands when `pred` is true.
         false_fun: called with the operands otherwise.
         *operands: the arguments of both branches.
+        graph: `False` for tree mode: the JAX function over the operands as pytrees; only
+            Variable values are written back, and a Variable met twice is refused.
+            `None` reads `set_graph_mode`. See "Tree mode".
+        graph_updates: `False` keeps graph mode's sharing, writing back values only.
+            `None` reads `set_graph_updates`.
 
     Returns:
         The output of the branch taken.
@@ -84,6 +103,12 @@ def cond(
         >>> int(count.value)
         1
     """
+    graph, graph_updates = resolve_modes(graph, graph_updates)
+    if not (graph and graph_updates):
+        (on_true, on_false), operands, variables = simple_branches(
+            "cond", graph, [true_fun, false_fun], operands
+        )
+        return finish_branches(graph, variables, jax.lax.cond(pred, on_true, on_false, *operands))
     lifted = lift_once(operands)
     result = jax.lax.cond(
         pred,
@@ -94,7 +119,13 @@ def cond(
     return _finish(lifted, result)
 
 
-def switch(index: Any, branches: Sequence[Callable[..., Any]], *operands: Any) -> Any:
+def switch(
+    index: Any,
+    branches: Sequence[Callable[..., Any]],
+    *operands: Any,
+    graph: bool | None = None,
+    graph_updates: bool | None = None,
+) -> Any:
     """`jax.lax.switch` whose operands may hold Modules and Variables.
 
     Arguments:
@@ -102,6 +133,11 @@ def switch(index: Any, branches: Sequence[Callable[..., Any]], *operands: Any) -
         branches: the functions, each called with the operands; their outputs must have
             the same structure.
         *operands: the arguments of the branches.
+        graph: `False` for tree mode: the JAX function over the operands as pytrees; only
+            Variable values are written back, and a Variable met twice is refused.
+            `None` reads `set_graph_mode`. See "Tree mode".
+        graph_updates: `False` keeps graph mode's sharing, writing back values only.
+            `None` reads `set_graph_updates`.
 
     Returns:
         The output of the branch taken; Variables it wrote are written back.
@@ -118,6 +154,10 @@ def switch(index: Any, branches: Sequence[Callable[..., Any]], *operands: Any) -
         >>> float(v.value)
         5.0
     """
+    graph, graph_updates = resolve_modes(graph, graph_updates)
+    if not (graph and graph_updates):
+        pure, operands, variables = simple_branches("switch", graph, list(branches), operands)
+        return finish_branches(graph, variables, jax.lax.switch(index, pure, *operands))
     lifted = lift_once(operands)
     result = jax.lax.switch(index, [_branch(f, lifted, "switch") for f in branches], lifted.values)
     return _finish(lifted, result)
@@ -176,7 +216,14 @@ def _write_back(lifted: LiftedCall, values: list[Any], transform: str) -> Any:
 
 
 def fori_loop(
-    lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_val: Any, **kwargs: Any
+    lower: Any,
+    upper: Any,
+    body_fun: Callable[[Any, Any], Any],
+    init_val: Any,
+    *,
+    graph: bool | None = None,
+    graph_updates: bool | None = None,
+    **kwargs: Any,
 ) -> Any:
     """`jax.lax.fori_loop` whose carry may hold Modules and Variables.
 
@@ -189,6 +236,13 @@ def fori_loop(
         body_fun: `body_fun(i, val) -> val`, returning the carry with the same structure.
         init_val: the initial carry. Python numbers in it are carried as arrays, as
             `jax.lax` does (`fori_loop(0, 3, lambda i, c: c + 1, 0)` returns an array).
+        graph: `False` for tree mode: the JAX function over the carry as pytrees; only
+            Variable values are written back, and a Variable met twice is refused.
+            `None` reads `set_graph_mode`. See "Tree mode".
+        graph_updates: `False` keeps graph mode's sharing, writing back values only.
+            `None` reads `set_graph_updates`.
+            In both, the body must return the Variables it was given, in place
+            ("Variable identity must be preserved across iterations").
         **kwargs: passed on to `jax.lax.fori_loop` (e.g. `unroll`).
 
     Returns:
@@ -221,6 +275,11 @@ def fori_loop(
                 f"array of shape ()), got {type(bound).__name__} {bound!r:.60}. The loop "
                 "runs i = lower, ..., upper - 1: fori_loop(0, n, body_fun, init_val)."
             )
+    graph, graph_updates = resolve_modes(graph, graph_updates)
+    if not (graph and graph_updates):
+        init = loop_init("fori_loop", graph, init_val)
+        body = simple_loop_body("fori_loop", graph, body_fun, with_index=True)
+        return loop_result(graph, init, jax.lax.fori_loop(lower, upper, body, init, **kwargs))
     lifted = lift_once(numbers_as_arrays(init_val))
     body = _loop_body(body_fun, lifted, "fori_loop")
     final = jax.lax.fori_loop(lower, upper, body, lifted.values, **kwargs)
@@ -228,7 +287,12 @@ def fori_loop(
 
 
 def while_loop(
-    cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], init_val: Any
+    cond_fun: Callable[[Any], Any],
+    body_fun: Callable[[Any], Any],
+    init_val: Any,
+    *,
+    graph: bool | None = None,
+    graph_updates: bool | None = None,
 ) -> Any:
     """`jax.lax.while_loop` whose carry may hold Modules and Variables.
 
@@ -237,6 +301,12 @@ def while_loop(
         body_fun: `body_fun(val) -> val`, returning the carry with the same structure.
         init_val: the initial carry. Python numbers in it are carried as arrays, as
             `jax.lax` does (`fori_loop(0, 3, lambda i, c: c + 1, 0)` returns an array).
+        graph: `False` for tree mode: the JAX function over the carry as pytrees; only
+            Variable values are written back, and a Variable met twice is refused.
+            `None` reads `set_graph_mode`. See "Tree mode".
+        graph_updates: `False` keeps graph mode's sharing, writing back values only.
+            `None` reads `set_graph_updates`.
+            In both, the body must return the Variables it was given, in place.
 
     Returns:
         The final carry (the caller's objects, holding the final values).
@@ -252,6 +322,12 @@ def while_loop(
         >>> int(v.value)
         128
     """
+    graph, graph_updates = resolve_modes(graph, graph_updates)
+    if not (graph and graph_updates):
+        init = loop_init("while_loop", graph, init_val)
+        body = simple_loop_body("while_loop", graph, body_fun, with_index=False)
+        final = jax.lax.while_loop(simple_loop_cond(graph, cond_fun), body, init)
+        return loop_result(graph, init, final)
     lifted = lift_once(numbers_as_arrays(init_val))
 
     def condition(values: list[Any]) -> Any:

@@ -10,16 +10,24 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 
 from ._boundary import Call, Inside
+from ._graph_mode import resolve_modes
 from ._graphdef import GraphDef
 from ._lift import lift_once
 from ._sharding import _is_graph, get_named_sharding, spec_of
 from ._split_merge import split
 from ._state import State
 from ._traverse import iter_graph
+from ._tree_transforms import simple_eval_shape
 from ._variables import Variable, is_variable, missing_mesh_axes, wrote_values
 
 
-def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def eval_shape(
+    fun: Callable[..., Any],
+    *args: Any,
+    graph: bool | None = None,
+    graph_updates: bool | None = None,
+    **kwargs: Any,
+) -> Any:
     """The output of `fun(*args, **kwargs)` with shapes and dtypes only, computing nothing.
 
     As `jax.eval_shape`, but the output may hold Modules and Variables: they come back
@@ -32,6 +40,11 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     Arguments:
         fun: the function.
         *args: its positional arguments (may hold Modules and Variables).
+        graph: `False` for tree mode: `jax.eval_shape` over the arguments as pytrees (a
+            Variable met twice, or an input Variable returned, is refused). `None` reads
+            `set_graph_mode`. (Named `graph`, it cannot be a keyword argument of `fun`.)
+        graph_updates: `False`: graph mode's sharing, then as tree mode. `None` reads
+            `set_graph_updates`.
         **kwargs: its keyword arguments.
 
     Returns:
@@ -47,6 +60,18 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         >>> eval_shape(lambda: Linear(1000)).w.value
         ShapeDtypeStruct(shape=(1000, 1000), dtype=float32)
     """
+    graph, graph_updates = resolve_modes(graph, graph_updates)
+    if not (graph and graph_updates):
+        out = simple_eval_shape(fun, graph, args, kwargs)
+    else:
+        out = _graph_eval_shape(fun, args, kwargs)
+    for _, node in iter_graph(out):
+        if isinstance(node, Variable) and "mesh" in node.metadata:
+            _give_sharding(node, node.metadata["mesh"])
+    return out
+
+
+def _graph_eval_shape(fun: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
     call = Call(fun)
     lifted = lift_once(call.tree(args, kwargs))
 
@@ -57,11 +82,7 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return inside.finish(call.run(inside.tree), structure="new_objects")
 
     outcome, values = jax.eval_shape(pure, lifted.values)
-    out = lifted.apply(outcome, values)
-    for _, node in iter_graph(out):
-        if isinstance(node, Variable) and "mesh" in node.metadata:
-            _give_sharding(node, node.metadata["mesh"])
-    return out
+    return lifted.apply(outcome, values)
 
 
 def _give_sharding(variable: Variable, mesh: Any) -> None:

@@ -414,17 +414,18 @@ def jit(
         2
     """
     graph, graph_updates = resolve_modes(graph, graph_updates)
+    if graph and graph_updates:
+        for option, why in _REFUSED_OPTIONS.items():
+            if option in jit_kwargs:
+                raise TypeError(
+                    f"pytree_graph.jit does not take `{option}`: {why} (Tree mode, "
+                    "`graph=False`, takes it.)"
+                )
     if fun is None:
         return functools.partial(jit, graph=graph, graph_updates=graph_updates, **jit_kwargs)
     check_callable(fun, "jit")
     if not (graph and graph_updates):
         return SimpleJit(fun, graph, jit_kwargs)
-    for option, why in _REFUSED_OPTIONS.items():
-        if option in jit_kwargs:
-            raise TypeError(
-                f"pytree_graph.jit does not take `{option}`: {why} (Tree mode, "
-                "`graph=False`, takes it.)"
-            )
     return _GraphJit(fun, jit_kwargs)
 
 

@@ -10,6 +10,8 @@ from pytree_transforms.extend import BindsAsMethod
 
 from ._boundary import Call, Inside
 from ._errors import check_callable
+from ._graph_mode import resolve_modes
+from ._tree_transforms import simple_wrap
 from ._lift import lift_once
 
 
@@ -38,6 +40,8 @@ def remat(
     *,
     prevent_cse: bool = True,
     policy: Callable[..., bool] | None = None,
+    graph: bool | None = None,
+    graph_updates: bool | None = None,
 ) -> Any:
     """`jax.checkpoint` (rematerialisation) for functions of Modules and Variables.
 
@@ -49,6 +53,11 @@ def remat(
         fun: the function. Omit it to get a decorator.
         prevent_cse: as in `jax.checkpoint`.
         policy: as in `jax.checkpoint` (e.g. `jax.checkpoint_policies.dots_saveable`).
+        graph: `False` for tree mode: `jax.checkpoint` over the arguments as pytrees;
+            only Variable values are written back, and a Variable met twice is refused.
+            `None` reads `set_graph_mode`. See "Tree mode".
+        graph_updates: `False` keeps graph mode's sharing, writing back values only.
+            `None` reads `set_graph_updates`.
 
     Returns:
         The function, rematerialised.
@@ -66,7 +75,14 @@ def remat(
         >>> float(grad(lambda m, x: m(x))(Block(), 0.0)["w"].value)
         0.0
     """
+    graph, graph_updates = resolve_modes(graph, graph_updates)
     if fun is None:
-        return functools.partial(remat, prevent_cse=prevent_cse, policy=policy)
+        return functools.partial(
+            remat, prevent_cse=prevent_cse, policy=policy, graph=graph, graph_updates=graph_updates
+        )
     check_callable(fun, "remat")
+    if not (graph and graph_updates):
+        return simple_wrap(
+            fun, graph, "remat", jax.checkpoint, prevent_cse=prevent_cse, policy=policy
+        )
     return _GraphRemat(fun, {"prevent_cse": prevent_cse, "policy": policy})

@@ -38,11 +38,20 @@ def _is_variable(x: Any) -> bool:
     return isinstance(x, Variable)
 
 
-def path_text(keypath: tuple) -> str:
-    """A JAX key path as the user wrote it: `args[0].layer.w`, `kwargs['x']`, `out[1]`."""
+def path_text(keypath: tuple, graph: bool = False) -> str:
+    """A JAX key path as the user wrote it: `args[0].layer.w`, `kwargs['x']`, `out[1]`.
+
+    With `graph`, the path is one in `to_tree`'s encoding, shown as the object's path: the
+    `NodeState`'s `state` left out, and the State's keys shown as attributes."""
     parts = []
     for i, key in enumerate(keypath):
-        if isinstance(key, GetAttrKey):
+        if graph and key == GetAttrKey("state"):
+            continue
+        if graph and i > 0 and isinstance(key, DictKey) and isinstance(key.key, str):
+            parts.append(f".{key.key}")
+        elif graph and i > 0 and isinstance(key, DictKey) and isinstance(key.key, int):
+            parts.append(f"[{key.key}]")
+        elif isinstance(key, GetAttrKey):
             parts.append(f".{key.name}")
         elif isinstance(key, SequenceKey):
             parts.append(f"[{key.idx}]")
@@ -77,14 +86,18 @@ def aliasing_error(transform: str, variable: Variable, first: str, second: str) 
     )
 
 
-def variables_of(transform: str, groups: dict[str, Any]) -> tuple[list[Variable], list[str]]:
+def variables_of(
+    transform: str, groups: dict[str, Any], graph: bool = False
+) -> tuple[list[Variable], list[str]]:
     """The Variables of `groups` in flattening order, with their paths; one met twice is
     refused (`aliasing_error`)."""
-    variables, paths, _ = _variables_with_roots(transform, groups)
+    variables, paths, _ = _variables_with_roots(transform, groups, graph)
     return variables, paths
 
 
-def _variables_with_roots(transform: str, groups: dict[str, Any]) -> tuple[list, list, list]:
+def _variables_with_roots(
+    transform: str, groups: dict[str, Any], graph: bool = False
+) -> tuple[list, list, list]:
     """As `variables_of`, with each Variable's root: `(group, argument position or name)`."""
     seen: dict[int, str] = {}
     variables: list[Variable] = []
@@ -93,7 +106,7 @@ def _variables_with_roots(transform: str, groups: dict[str, Any]) -> tuple[list,
     for keypath, leaf in jax.tree_util.tree_leaves_with_path(groups, is_leaf=_is_variable):
         if not isinstance(leaf, Variable):
             continue
-        path = path_text(keypath)
+        path = path_text(keypath, graph)
         first = seen.get(id(leaf))
         if first is not None:
             raise aliasing_error(transform, leaf, first, path)
@@ -105,12 +118,14 @@ def _variables_with_roots(transform: str, groups: dict[str, Any]) -> tuple[list,
     return variables, paths, roots
 
 
-def check_output(transform: str, inputs: list[Variable], paths: list[str], out: Any) -> None:
+def check_output(
+    transform: str, inputs: list[Variable], paths: list[str], out: Any, graph: bool = False
+) -> None:
     """Refuse an output holding an input Variable, or one Variable twice."""
     seen = {id(v): p for v, p in zip(inputs, paths, strict=True)}
     for keypath, leaf in jax.tree_util.tree_leaves_with_path({"out": out}, is_leaf=_is_variable):
         if isinstance(leaf, Variable):
-            path = path_text(keypath)
+            path = path_text(keypath, graph)
             first = seen.get(id(leaf))
             if first is not None:
                 raise aliasing_error(transform, leaf, first, path)
@@ -248,7 +263,9 @@ class Inside:
         gives each Variable its group for `updates`."""
         args, kwargs = copy_tree((args, kwargs))
         groups = {"args": args, "kwargs": kwargs}
-        self.variables, self.paths, self.roots = _variables_with_roots(self.transform, groups)
+        self.variables, self.paths, self.roots = _variables_with_roots(
+            self.transform, groups, self.graph
+        )
         self.prefixes = None if prefix is None else variable_prefixes(prefix, groups)
         self.held = [(v._pg_flat[0][0], v._pg_flat[1]) for v in self.variables]
         if self.graph:
@@ -259,7 +276,7 @@ class Inside:
         """The output, encoded; an input Variable in it is refused."""
         if self.graph:
             out = to_tree(out)
-        check_output(self.transform, self.variables, self.paths, out)
+        check_output(self.transform, self.variables, self.paths, out, self.graph)
         return out
 
     def changed(self) -> list[int]:
@@ -315,7 +332,7 @@ def outer_variables(transform: str, graph: bool, args: tuple, kwargs: dict) -> t
     """The arguments as passed on (`encode`d), and the caller's Variables in them (one met
     twice refused)."""
     args, kwargs = encode((args, kwargs), graph)
-    variables, _ = variables_of(transform, {"args": args, "kwargs": kwargs})
+    variables, _ = variables_of(transform, {"args": args, "kwargs": kwargs}, graph)
     return args, kwargs, variables
 
 
@@ -545,3 +562,143 @@ def simple_vmap(
         return decode(out, graph)
 
     return Wrapped(wrapper)
+
+
+def simple_wrap(
+    fun: Callable[..., Any],
+    graph: bool,
+    transform: str,
+    jax_transform: Callable[..., Any],
+    **options: Any,
+) -> Wrapped:
+    """A JAX transform that keeps the function's signature (`jax.checkpoint`,
+    `checkify`...) in tree mode or with `graph_updates=False`: the function's Variable
+    writes are returned beside its output and written back."""
+
+    def pure(*args: Any, **kwargs: Any) -> Any:
+        inside = Inside(transform, graph)
+        args, kwargs = inside.enter(args, kwargs)
+        out = inside.leave(fun(*args, **kwargs))
+        return out, inside.updates()
+
+    transformed = jax_transform(pure, **options)
+
+    @functools.wraps(fun)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs, variables = outer_variables(transform, graph, args, kwargs)
+        out, updates = transformed(*args, **kwargs)
+        apply_updates(variables, updates)
+        return decode(out, graph)
+
+    return Wrapped(wrapper)
+
+
+def simple_eval_shape(fun: Callable[..., Any], graph: bool, args: tuple, kwargs: dict) -> Any:
+    """`eval_shape` in tree mode or with `graph_updates=False`: `jax.eval_shape` over the
+    arguments as pytrees; nothing is written back."""
+
+    def pure(*args: Any, **kwargs: Any) -> Any:
+        inside = Inside("eval_shape", graph)
+        args, kwargs = inside.enter(args, kwargs)
+        return inside.leave(fun(*args, **kwargs))
+
+    args, kwargs, _ = outer_variables("eval_shape", graph, args, kwargs)
+    return decode(jax.eval_shape(pure, *args, **kwargs), graph)
+
+
+def simple_branches(
+    transform: str, graph: bool, branches: list[Callable[..., Any]], operands: tuple
+) -> tuple[list[Callable[..., Any]], tuple, list[Variable]]:
+    """`cond` / `switch` in tree mode or with `graph_updates=False`: the branches as pure
+    functions of the operands (each returning every Variable of the operands, so that
+    their outputs have one structure), the operands passed on, and the caller's
+    Variables to write into."""
+
+    def branch(fun: Callable[..., Any]) -> Callable[..., Any]:
+        def pure(*operands: Any) -> Any:
+            inside = Inside(transform, graph)
+            operands, _ = inside.enter(operands, {})
+            out = inside.leave(fun(*operands))
+            return out, inside.updates(keep=lambda _: True)
+
+        return pure
+
+    operands, _, variables = outer_variables(transform, graph, operands, {})
+    return [branch(f) for f in branches], operands, variables
+
+
+def finish_branches(graph: bool, variables: list[Variable], result: Any) -> Any:
+    """The output of `cond` / `switch`, after writing the Variables back."""
+    out, updates = result
+    apply_updates(variables, updates)
+    return decode(out, graph)
+
+
+def check_same_variables(transform: str, before: list[Variable], paths: list[str], after: Any) -> None:
+    """Refuse a loop body whose returned carry does not hold the Variables it was given,
+    in the same places (a pytree carry cannot say where a new one came from)."""
+    now = [leaf for leaf in jax.tree.leaves(after, is_leaf=_is_variable) if isinstance(leaf, Variable)]
+    if len(now) != len(before) or any(a is not b for a, b in zip(before, now)):
+        where = next(
+            (p for p, a, b in zip(paths, before, now) if a is not b),
+            "args[0] (the carry's structure changed)",
+        )
+        where = "carry" + where.removeprefix("args[0]")
+        raise ValueError(
+            f"pytree_graph.{transform}: Variable identity must be preserved across "
+            f"iterations: the body returned another Variable at {where}. Return the carry "
+            "it was given, with its Variables written in place (`v.value = ...`), not new "
+            "Variables or Modules."
+        )
+
+
+def simple_loop_body(
+    transform: str, graph: bool, body: Callable[..., Any], with_index: bool
+) -> Callable[..., Any]:
+    """A loop body over the carry as a pytree (tree mode, or `graph_updates=False`): the
+    carry's Variables, written in place and returned, carry the values."""
+
+    def pure(*args: Any) -> Any:
+        *index, val = args
+        inside = Inside(transform, graph)
+        (val,), _ = inside.enter((val,), {})
+        out = body(*index, val) if with_index else body(val)
+        if graph:
+            out = to_tree(out)
+        check_same_variables(transform, inside.variables, inside.paths, out)
+        return out
+
+    return pure
+
+
+def simple_loop_cond(graph: bool, cond: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`while_loop`'s condition over the carry as a pytree."""
+
+    def pure(val: Any) -> Any:
+        val = copy_tree(val)
+        return cond(decode_sharing(val) if graph else val)
+
+    return pure
+
+
+def loop_init(transform: str, graph: bool, init_val: Any) -> Any:
+    """The carry passed to the JAX loop (a Variable met twice refused)."""
+    init = encode(init_val, graph)
+    variables_of(transform, {"init_val": init}, graph)
+    return init
+
+
+def loop_result(graph: bool, init: Any, final: Any) -> Any:
+    """The loop's result: the caller's Variables of the carry, holding the final values."""
+
+    def one(before: Any, after: Any) -> Any:
+        if isinstance(before, Variable):
+            write(before, after)
+            return before
+        return after
+
+    try:
+        out = jax.tree.map(one, init, final, is_leaf=_is_variable)
+    finally:
+        wrote_values()
+    return decode_sharing(out) if graph else out
