@@ -45,6 +45,7 @@ from ._tree_transforms import (
     loop_init,
     loop_result,
     simple_branches,
+    simple_scan,
     simple_loop_body,
     simple_loop_cond,
 )
@@ -360,6 +361,8 @@ def scan(
     in_axes: Any = _NO_INIT,
     out_axes: Any = _NO_INIT,
     transform_metadata: Mapping[str, Any] | None = None,
+    graph: bool | None = None,
+    graph_updates: bool | None = None,
     **kwargs: Any,
 ) -> Any:
     """`jax.lax.scan` for Modules and Variables, in two forms: `jax.lax.scan`'s and Flax
@@ -411,6 +414,15 @@ def scan(
             Variables' `sharding` metadata names the scanned axis `name` (as `vmap` with
             the same option makes it), which is taken out inside the function and put
             back after; Variables it returns get it at their `out_axes`.
+        graph: `False` for tree mode, as Flax NNX's: `jax.lax.scan` over the arguments
+            as pytrees (`in_axes`/`out_axes` take pytree prefixes; `StateAxes` refused).
+            The carry's Variables must come back in the carry output (Variable identity
+            preserved across iterations); scanned Variables written inside come back
+            stacked; broadcast (`None`) arguments are carried through the loop, so their
+            Variables' last values are written back; a Variable met twice is refused.
+            `None` reads `set_graph_mode`. See "Tree mode".
+        graph_updates: `False` keeps graph mode's sharing, then as tree mode. `None`
+            reads `set_graph_updates`.
         **kwargs: passed on to `jax.lax.scan`.
 
     Returns:
@@ -442,6 +454,8 @@ def scan(
         >>> float(forward(jnp.array(1.0), stack))
         6.0
     """
+    graph, graph_updates = resolve_modes(graph, graph_updates)
+    simple = not (graph and graph_updates)
     nnx_form = {"in_axes": in_axes, "out_axes": out_axes}
     given = [name for name, value in nnx_form.items() if value is not _NO_INIT]
     if transform_metadata is not None:
@@ -456,6 +470,9 @@ def scan(
             )
         if f is None:
             raise TypeError("scan: `f` is missing: `scan(f, init, xs)`.")
+        if simple:
+            options = dict(length=length, reverse=reverse, unroll=unroll, **kwargs)
+            return simple_scan(f, graph, (Carry, 0), (Carry, 0), options)(init, xs)
         return _scan_carry_and_xs(f, init, xs, length, reverse, unroll, **kwargs)
     if xs is not None:
         raise TypeError(
@@ -473,9 +490,21 @@ def scan(
         **kwargs,
     }
     if f is None:
-        return functools.partial(scan, **options)
+        return functools.partial(scan, graph=graph, graph_updates=graph_updates, **options)
     check_callable(f, "scan")
+    if simple:
+        if transform_metadata:
+            raise ValueError(
+                "scan: transform_metadata= names the scanned axis in the Variables' "
+                "metadata, which graph=False and graph_updates=False do not write back. "
+                "Pass graph=True and graph_updates=True to use it."
+            )
+        jax_options = {k: options[k] for k in options if k not in _NNX_OPTIONS}
+        return simple_scan(f, graph, options["in_axes"], options["out_axes"], jax_options)
     return _GraphScan(f, **options)
+
+
+_NNX_OPTIONS = ("in_axes", "out_axes", "transform_metadata")
 
 
 def _scan_carry_and_xs(

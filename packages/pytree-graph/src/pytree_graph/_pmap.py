@@ -10,6 +10,8 @@ from pytree_transforms.extend import BindsAsMethod
 
 from ._boundary import Call, Inside
 from ._errors import check_callable
+from ._graph_mode import resolve_modes
+from ._tree_transforms import simple_vmap
 from ._vmap import StateAxes, lift_with_axes
 
 _REFUSED = {
@@ -84,6 +86,8 @@ def pmap(
     in_axes: Any = 0,
     out_axes: int | None = 0,
     axis_name: Any = None,
+    graph: bool | None = None,
+    graph_updates: bool | None = None,
     **pmap_kwargs: Any,
 ) -> Any:
     """`jax.pmap` for functions of Modules and Variables, with axes chosen per filter.
@@ -104,6 +108,12 @@ def pmap(
         out_axes: where the device axis goes in every output array (an int), or `None`.
         axis_name: the name of the device axis, for collectives such as
             `jax.lax.pmean`.
+        graph: `False` for tree mode: `jax.pmap` over the arguments as pytrees
+            (`in_axes`/`out_axes` as `jax.pmap` takes them; `StateAxes` refused);
+            Variables written come back with their argument's axis; a Variable met twice
+            is refused. `None` reads `set_graph_mode`. See "Tree mode".
+        graph_updates: `False` keeps graph mode's sharing, writing back values only.
+            `None` reads `set_graph_updates`.
         **pmap_kwargs: passed on to `jax.pmap` (`devices`, `backend`, `axis_size`).
 
     Returns:
@@ -128,12 +138,22 @@ def pmap(
         >>> out.shape == (n, 3), float(norm.mean.value)
         (True, 1.0)
     """
+    graph, graph_updates = resolve_modes(graph, graph_updates)
     for name, how in _REFUSED.items():
-        if name in pmap_kwargs:
+        if name in pmap_kwargs and graph and graph_updates:
             raise TypeError(f"pmap: {name} is not supported for functions of Modules: {how}.")
     if fun is None:
         return functools.partial(
-            pmap, in_axes=in_axes, out_axes=out_axes, axis_name=axis_name, **pmap_kwargs
+            pmap,
+            in_axes=in_axes,
+            out_axes=out_axes,
+            axis_name=axis_name,
+            graph=graph,
+            graph_updates=graph_updates,
+            **pmap_kwargs,
         )
     check_callable(fun, "pmap")
+    if not (graph and graph_updates):
+        options = {"axis_name": axis_name, **pmap_kwargs}
+        return simple_vmap(fun, graph, "pmap", in_axes, out_axes, options, mapper=jax.pmap)
     return _GraphPmap(fun, in_axes, out_axes, {"axis_name": axis_name, **pmap_kwargs})

@@ -569,6 +569,7 @@ def simple_wrap(
     graph: bool,
     transform: str,
     jax_transform: Callable[..., Any],
+    checked: bool = False,
     **options: Any,
 ) -> Wrapped:
     """A JAX transform that keeps the function's signature (`jax.checkpoint`,
@@ -586,9 +587,12 @@ def simple_wrap(
     @functools.wraps(fun)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         args, kwargs, variables = outer_variables(transform, graph, args, kwargs)
-        out, updates = transformed(*args, **kwargs)
+        result = transformed(*args, **kwargs)
+        # checkify returns `(error, result)`: the error is passed on beside the output.
+        error, (out, updates) = result if checked else (None, result)
         apply_updates(variables, updates)
-        return decode(out, graph)
+        out = decode(out, graph)
+        return (error, out) if checked else out
 
     return Wrapped(wrapper)
 
@@ -643,7 +647,8 @@ def check_same_variables(transform: str, before: list[Variable], paths: list[str
             (p for p, a, b in zip(paths, before, now) if a is not b),
             "args[0] (the carry's structure changed)",
         )
-        where = "carry" + where.removeprefix("args[0]")
+        if where.startswith("args[0]"):
+            where = "carry" + where.removeprefix("args[0]")
         raise ValueError(
             f"pytree_graph.{transform}: Variable identity must be preserved across "
             f"iterations: the body returned another Variable at {where}. Return the carry "
@@ -702,3 +707,154 @@ def loop_result(graph: bool, init: Any, final: Any) -> Any:
     finally:
         wrote_values()
     return decode_sharing(out) if graph else out
+
+
+def _leaf_prefixes(prefix: Any, tree: Any, stop: Callable[[Any], bool]) -> list[Any]:
+    """The leaf of `prefix` above each leaf of `tree` (Variables are leaves)."""
+    out: list[Any] = []
+
+    def visit(leaf: Any, subtree: Any) -> None:
+        out.extend([leaf] * len(jax.tree.leaves(subtree, is_leaf=_is_variable)))
+
+    jax.tree.map(visit, prefix, tree, is_leaf=stop)
+    return out
+
+
+def _move_axis(leaf: Any, source: int, destination: int) -> Any:
+    if source == destination:
+        return leaf
+    return jax.tree.map(lambda a: jax.numpy.moveaxis(a, source, destination), leaf)
+
+
+def simple_scan(
+    fun: Callable[..., Any],
+    graph: bool,
+    in_axes: Any,
+    out_axes: Any,
+    scan_kwargs: dict[str, Any],
+) -> Wrapped:
+    """`scan` (the form with `in_axes`) in tree mode or with `graph_updates=False`, as
+    Flax NNX's: `jax.lax.scan` over the arguments as pytrees. The `Carry` argument's
+    Variables must come back in the `Carry` output (Variable identity preserved); scanned
+    arguments' Variables written inside come back stacked along their axis; broadcast
+    (`None`) arguments are carried through the loop, so their Variables' last values are
+    written back."""
+    from ._carry import Carry  # imports nothing of this module; here to keep the top light
+
+    refuse_state_prefixes(in_axes, "in_axes", "scan")
+    refuse_state_prefixes(out_axes, "out_axes", "scan")
+    was_carry = in_axes is Carry
+    if was_carry:
+        in_axes = (Carry,)
+    carry_index = in_axes.index(Carry) if isinstance(in_axes, tuple) and Carry in in_axes else None
+    out_is_tuple = isinstance(out_axes, tuple)
+    carry_out_index = out_axes.index(Carry) if out_is_tuple and Carry in out_axes else None
+    stop = lambda x: x is None or x is Carry  # noqa: E731
+
+    def split_out(out: Any) -> tuple[Any, Any]:
+        if carry_index is None:
+            return None, out
+        if not out_is_tuple:
+            return out, None
+        if not isinstance(out, tuple) or len(out) != len(out_axes):
+            raise ValueError(
+                f"scan: out_axes={out_axes!r} describes a tuple of {len(out_axes)} outputs, "
+                f"but the function returned {type(out).__name__}."
+            )
+        ys = tuple(None if i == carry_out_index else y for i, y in enumerate(out))
+        return out[carry_out_index], ys
+
+    def wrapper(*args: Any) -> Any:
+        if was_carry and len(args) != 1:
+            raise ValueError(
+                "scan: with in_axes=Carry, the function must take exactly one argument, "
+                f"got {len(args)} arguments."
+            )
+        axes = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
+        if len(axes) != len(args):
+            raise ValueError(
+                f"scan: in_axes={in_axes!r} gives {len(axes)} axes for {len(args)} arguments."
+            )
+        carry = args[carry_index] if carry_index is not None else None
+        others = tuple(a for i, a in enumerate(args) if i != carry_index)
+        other_axes = tuple(a for i, a in enumerate(axes) if i != carry_index)
+        carry, others = encode(carry, graph), encode(others, graph)
+        variables, _ = variables_of("scan", {"carry": carry, "args": others}, graph)
+        leaves, treedef = jax.tree_util.tree_flatten(others, is_leaf=_is_variable)
+        leaf_axes = _leaf_prefixes(other_axes, others, stop)
+        broadcast = [i for i, ax in enumerate(leaf_axes) if ax is None]
+        scanned = [i for i, ax in enumerate(leaf_axes) if ax is not None]
+        xs = [_move_axis(leaves[i], leaf_axes[i], 0) for i in scanned]
+        # Positions (among `variables`: the arguments' first, "args" < "carry") of the
+        # leaves that are Variables.
+        offsets = {}
+        count = 0
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, Variable):
+                offsets[i] = count
+                count += 1
+        groups = sorted({leaf_axes[i] for i in scanned if isinstance(leaves[i], Variable)})
+
+        def body(state: Any, x: list[Any]) -> Any:
+            carry, bcast = copy_tree(state)
+            x = copy_tree(x)
+            carry_vars, carry_paths = variables_of("scan", {"carry": carry}, graph)
+            held = [(v._pg_flat[0][0], v._pg_flat[1]) for v in x if isinstance(v, Variable)]
+            step = [None] * len(leaves)
+            for i, leaf in zip(broadcast, bcast, strict=True):
+                step[i] = leaf
+            for i, leaf in zip(scanned, x, strict=True):
+                step[i] = leaf
+            step_args = list(treedef.unflatten(step))
+            if graph:
+                step_args = list(decode_sharing(tuple(step_args)))
+                carry = decode_sharing(carry)
+            if carry_index is not None:
+                step_args.insert(carry_index, carry)
+            carry_out, ys = split_out(fun(*step_args))
+            if graph:
+                carry_out, ys = to_tree(carry_out), to_tree(ys)
+            check_same_variables("scan", carry_vars, carry_paths, carry_out)
+            inputs = carry_vars + [v for v in step if isinstance(v, Variable)]
+            check_output("scan", inputs, ["carry"] * len(inputs), ys, graph)
+            updates = []
+            scanned_vars = [(i, leaf) for i, leaf in zip(scanned, x) if isinstance(leaf, Variable)]
+            for axis in groups:
+                positions, changed = [], []
+                for (i, v), (value, kind) in zip(scanned_vars, held, strict=True):
+                    if leaf_axes[i] == axis and (
+                        v._pg_flat[0][0] is not value or v._pg_flat[1] is not kind
+                    ):
+                        positions.append(offsets[i])
+                        changed.append(v)
+                updates.append(Updates(tuple(positions), changed))
+            return (carry_out, bcast), (ys, updates)
+
+        bcast = [leaves[i] for i in broadcast]
+        (carry_out, final_bcast), (ys, updates) = jax.lax.scan(body, (carry, bcast), xs, **scan_kwargs)
+        for axis, group in zip(groups, updates, strict=True):
+            group.variables = [_move_axis(v, 0, axis) for v in group.variables]
+        apply_updates(variables, updates)
+        try:
+            for before, after in zip(bcast, final_bcast, strict=True):
+                if isinstance(before, Variable):
+                    write(before, after)
+        finally:
+            wrote_values()
+        if ys is not None:
+            ys = jax.tree.map(
+                lambda ax, y: None if ax is Carry else _move_axis(y, 0, ax),
+                out_axes,
+                ys,
+                is_leaf=stop,
+            )
+        ys = decode(ys, graph)
+        if carry_index is None:
+            return ys
+        carry = loop_result(graph, carry, carry_out)
+        if not out_is_tuple:
+            return carry
+        return tuple(carry if i == carry_out_index else y for i, y in enumerate(ys))
+
+    functools.update_wrapper(wrapper, fun)
+    return Wrapped(wrapper)
