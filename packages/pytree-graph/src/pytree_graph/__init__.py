@@ -1,5 +1,6 @@
 """pytree_graph: Variables and object graphs for JAX, with sharing kept across transforms."""
 
+from . import compat as compat
 from .__about__ import __version__ as __version__
 from ._ad_pairs import jvp as jvp
 from ._ad_pairs import vjp as vjp
