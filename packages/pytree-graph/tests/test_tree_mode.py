@@ -345,7 +345,9 @@ def test_scan_refuses_a_carry_with_new_variables(modes):
 
 def test_scan_tree_mode_refuses_transform_metadata():
     with pytest.raises(ValueError, match="transform_metadata"):
-        pg.scan(lambda c: c, in_axes=Carry, out_axes=Carry, transform_metadata={"a": 1}, graph=False)
+        pg.scan(
+            lambda c: c, in_axes=Carry, out_axes=Carry, transform_metadata={"a": 1}, graph=False
+        )
 
 
 # -------------------------------------------------------------- loops and branches
@@ -395,7 +397,7 @@ def test_cond_and_switch_write_back_the_branch_taken(modes):
 
 
 def test_cond_tree_mode_refuses_a_tied_operand():
-    with pytest.raises(ValueError, match="pytree_graph.cond"):
+    with pytest.raises(ValueError, match=r"pytree_graph\.cond with graph=False"):
         pg.cond(True, lambda t: None, lambda t: None, Tied(), graph=False)
 
 
@@ -425,7 +427,7 @@ def test_eval_shape_gives_shapes_and_writes_nothing(modes):
 @pytest.mark.parametrize("modes", SIMPLE_MODES)
 def test_checkify_reports_and_writes_back(modes):
     m = Counter()
-    error, out = pg.checkify(lambda m, x: jnp.log(-m(x)), errors=ck.float_checks, **modes)(
+    error, _ = pg.checkify(lambda m, x: jnp.log(-m(x)), errors=ck.float_checks, **modes)(
         m, jnp.ones(2)
     )
     assert "nan generated" in error.get() and float(m.count.value) == 1.0

@@ -309,7 +309,9 @@ def test_remat_and_eval_shape(modes):
 
 
 def test_eval_shape_refuses_an_input_variable_returned():
-    _same_exception(_both(lambda lib, Counter, T, F: lib.eval_shape(lambda m: m, Counter(), **TREE)))
+    _same_exception(
+        _both(lambda lib, Counter, T, F: lib.eval_shape(lambda m: m, Counter(), **TREE))
+    )
 
 
 def test_set_graph_mode_is_read_when_the_transform_is_built():

@@ -269,7 +269,9 @@ def value_and_grad(
     check_callable(fun, "value_and_grad")
     if not (graph and graph_updates):
         _check_tree_wrt("value_and_grad", wrt)
-        return simple_grad(fun, graph, "value_and_grad", argnums, has_aux, True, grad_kwargs)
+        return simple_grad(
+            fun, graph, "value_and_grad", argnums, has_aux, True, grad_kwargs, (DiffState,)
+        )
     return _GraphValueAndGrad(fun, argnums, has_aux, wrt, "value_and_grad", grad_kwargs)
 
 
@@ -323,7 +325,7 @@ def grad(
     check_callable(fun, "grad")
     if not (graph and graph_updates):
         _check_tree_wrt("grad", wrt)
-        return simple_grad(fun, graph, "grad", argnums, has_aux, False, grad_kwargs)
+        return simple_grad(fun, graph, "grad", argnums, has_aux, False, grad_kwargs, (DiffState,))
     inner = _GraphValueAndGrad(fun, argnums, has_aux, wrt, "grad", grad_kwargs)
 
     @functools.wraps(fun)

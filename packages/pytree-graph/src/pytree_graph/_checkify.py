@@ -12,8 +12,8 @@ from pytree_transforms.extend import BindsAsMethod
 from ._boundary import Call, Inside
 from ._errors import check_callable
 from ._graph_mode import resolve_modes
-from ._tree_transforms import simple_wrap
 from ._lift import lift_once
+from ._tree_transforms import simple_wrap
 
 
 class _GraphCheckify(BindsAsMethod):

@@ -45,9 +45,9 @@ from ._tree_transforms import (
     loop_init,
     loop_result,
     simple_branches,
-    simple_scan,
     simple_loop_body,
     simple_loop_cond,
+    simple_scan,
 )
 from ._variables import Variable
 from ._vmap import StateAxes, argument_leaves, check_output_items, place_axis, spec_at

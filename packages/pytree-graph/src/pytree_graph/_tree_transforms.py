@@ -26,6 +26,7 @@ from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 from pytree_module.extend import touch
 from pytree_transforms.extend import BindsAsMethod
 
+from ._argument_specs import FilterSpecs
 from ._graphdef import check_writable, merge
 from ._state import State
 from ._tree_form import NodeState, from_tree, to_tree
@@ -34,8 +35,9 @@ from ._variables import Variable, wrote_values
 _set_variable = Variable._pg_flat.__set__  # type: ignore[attr-defined]
 
 
-def _is_variable(x: Any) -> bool:
-    return isinstance(x, Variable)
+# `isinstance(x, Variable)` without a Python frame per node (`is_leaf` runs on every node
+# of the arguments, on each call).
+_is_variable = Variable.__instancecheck__
 
 
 def path_text(keypath: tuple, graph: bool = False) -> str:
@@ -182,15 +184,13 @@ def unique_prefixes(prefix: Any, extra: Iterable[Any] = ()) -> list[Any]:
     return found
 
 
-def refuse_state_prefixes(prefix: Any, option: str, transform: str) -> None:
-    """Refuse `StateAxes`, `DiffState` or `StateSharding` in a prefix argument (they select
-    Variables of a graph: in tree mode, give a pytree prefix instead)."""
-    # Imported here: those modules import this one.
-    from ._argument_specs import StateSharding
-    from ._autodiff import DiffState
-    from ._vmap import StateAxes
-
-    kinds = (StateAxes, DiffState, StateSharding, Variable)
+def refuse_state_prefixes(
+    prefix: Any, option: str, transform: str, also: tuple[type, ...] = ()
+) -> None:
+    """Refuse `StateAxes`, `StateSharding` (any `FilterSpecs`), or the types `also` (a
+    `DiffState`) in a prefix argument: they select Variables of a graph; in tree mode a
+    prefix is a pytree prefix of the argument. A Variable is refused too."""
+    kinds = (FilterSpecs, Variable, *also)
     stop = lambda x: _is_prefix_leaf(x) or isinstance(x, kinds)  # noqa: E731
     for keypath, leaf in jax.tree_util.tree_leaves_with_path(prefix, is_leaf=stop):
         if isinstance(leaf, Variable):
@@ -198,15 +198,22 @@ def refuse_state_prefixes(prefix: Any, option: str, transform: str) -> None:
                 f"Found a {type(leaf).__name__} at {path_text(keypath) or 'the top'} of "
                 f"`{option}` for pytree_graph.{transform}: a prefix gives one entry for a "
                 "whole Variable, not a Variable holding it. Put the entry in place of the "
-                "Variable (`pytree_graph.prefix` builds such a prefix from a Module)."
+                "Variable, e.g. `jax.tree.map(lambda v: 0, model, is_leaf=lambda x: "
+                "isinstance(x, Variable))`."
             )
         if isinstance(leaf, kinds):
             name = type(leaf).__name__
+            how = (
+                "every leaf of the arguments in `argnums` is differentiated: pass the part "
+                "to differentiate as an argument of its own"
+                if option == "argnums"
+                else "give a pytree prefix of the argument, e.g. a Module-shaped one with "
+                "an entry in place of each Variable"
+            )
             raise ValueError(
                 f"`{option}` cannot contain `{name}` objects when `graph=False` or "
                 "`graph_updates=False`. Consider the following options:\n\n"
-                f"1. Remove `{name}` objects from `{option}` (in tree mode, give a pytree "
-                "prefix of the argument, e.g. a Module-shaped one with a value per Variable).\n"
+                f"1. Remove `{name}` objects from `{option}` (in tree mode, {how}).\n"
                 "2. Enable graph mode and graph updates by passing graph=True and "
                 f"graph_updates=True: pytree_graph.{transform}(..., graph=True, "
                 "graph_updates=True)\n"
@@ -252,7 +259,7 @@ class Inside:
     `updates` the changed Variables, grouped as `prefixes` says.
     """
 
-    __slots__ = ("transform", "graph", "variables", "paths", "roots", "held", "prefixes")
+    __slots__ = ("graph", "held", "paths", "prefixes", "roots", "transform", "variables")
 
     def __init__(self, transform: str, graph: bool):
         self.transform = transform
@@ -332,7 +339,12 @@ def outer_variables(transform: str, graph: bool, args: tuple, kwargs: dict) -> t
     """The arguments as passed on (`encode`d), and the caller's Variables in them (one met
     twice refused)."""
     args, kwargs = encode((args, kwargs), graph)
-    variables, _ = variables_of(transform, {"args": args, "kwargs": kwargs}, graph)
+    # Per call: no paths unless one is needed for the error (the same order as the
+    # `{"args": ..., "kwargs": ...}` the pure functions list their Variables in).
+    leaves = jax.tree.leaves((args, kwargs), is_leaf=_is_variable)
+    variables = [leaf for leaf in leaves if isinstance(leaf, Variable)]
+    if len({id(v) for v in variables}) != len(variables):
+        variables_of(transform, {"args": args, "kwargs": kwargs}, graph)
     return args, kwargs, variables
 
 
@@ -454,11 +466,12 @@ def simple_grad(
     has_aux: bool,
     return_value: bool,
     grad_kwargs: dict[str, Any],
+    refused: tuple[type, ...] = (),
 ) -> Callable[..., Any]:
     """`grad` / `value_and_grad` in tree mode or with `graph_updates=False`: `jax.grad` over
     the arguments as pytrees; the gradient of a Module is Module-shaped (the same class,
     its Variables holding the gradients of their values)."""
-    refuse_state_prefixes(argnums, "argnums", transform)
+    refuse_state_prefixes(argnums, "argnums", transform, also=refused)
 
     def pure(*args: Any, **kwargs: Any) -> Any:
         inside = Inside(transform, graph)
@@ -638,13 +651,17 @@ def finish_branches(graph: bool, variables: list[Variable], result: Any) -> Any:
     return decode(out, graph)
 
 
-def check_same_variables(transform: str, before: list[Variable], paths: list[str], after: Any) -> None:
+def check_same_variables(
+    transform: str, before: list[Variable], paths: list[str], after: Any
+) -> None:
     """Refuse a loop body whose returned carry does not hold the Variables it was given,
     in the same places (a pytree carry cannot say where a new one came from)."""
-    now = [leaf for leaf in jax.tree.leaves(after, is_leaf=_is_variable) if isinstance(leaf, Variable)]
-    if len(now) != len(before) or any(a is not b for a, b in zip(before, now)):
+    now = [
+        leaf for leaf in jax.tree.leaves(after, is_leaf=_is_variable) if isinstance(leaf, Variable)
+    ]
+    if len(now) != len(before) or any(a is not b for a, b in zip(before, now, strict=False)):
         where = next(
-            (p for p, a, b in zip(paths, before, now) if a is not b),
+            (p for p, a, b in zip(paths, before, now, strict=False) if a is not b),
             "args[0] (the carry's structure changed)",
         )
         if where.startswith("args[0]"):
@@ -818,7 +835,9 @@ def simple_scan(
             inputs = carry_vars + [v for v in step if isinstance(v, Variable)]
             check_output("scan", inputs, ["carry"] * len(inputs), ys, graph)
             updates = []
-            scanned_vars = [(i, leaf) for i, leaf in zip(scanned, x) if isinstance(leaf, Variable)]
+            scanned_vars = [
+                (i, leaf) for i, leaf in zip(scanned, x, strict=True) if isinstance(leaf, Variable)
+            ]
             for axis in groups:
                 positions, changed = [], []
                 for (i, v), (value, kind) in zip(scanned_vars, held, strict=True):
@@ -831,7 +850,9 @@ def simple_scan(
             return (carry_out, bcast), (ys, updates)
 
         bcast = [leaves[i] for i in broadcast]
-        (carry_out, final_bcast), (ys, updates) = jax.lax.scan(body, (carry, bcast), xs, **scan_kwargs)
+        (carry_out, final_bcast), (ys, updates) = jax.lax.scan(
+            body, (carry, bcast), xs, **scan_kwargs
+        )
         for axis, group in zip(groups, updates, strict=True):
             group.variables = [_move_axis(v, 0, axis) for v in group.variables]
         apply_updates(variables, updates)

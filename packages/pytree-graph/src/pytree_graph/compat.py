@@ -42,7 +42,6 @@ def _graph_mode(transform: Callable[..., Any]) -> Any:
     partial = functools.partial(transform, graph=True, graph_updates=True)
     name = transform.__name__
     partial.__name__ = partial.__qualname__ = name  # type: ignore[attr-defined]
-    partial.__module__ = __name__
     partial.__doc__ = (
         f"`pytree_graph.{name}` with `graph=True` and `graph_updates=True` as defaults "
         f"(whatever `set_graph_mode` and `set_graph_updates` say).\n\n"
