@@ -12,8 +12,10 @@ from pytree_filter import is_inexact_array_like
 from ._aliases import lift_recording_aliases
 from ._boundary import Call, Inside, holds_graph_nodes
 from ._errors import check_callable
+from ._graph_mode import resolve_modes
 from ._lift import LiftedCall
 from ._tangents import Differentiated
+from ._tree_transforms import simple_jvp, simple_vjp
 
 _WHAT_IS_DIFFERENTIATED = (
     "Every floating-point Variable and array of every positional argument is "
@@ -64,7 +66,13 @@ def _pure(
     return pure
 
 
-def vjp(fun: Callable[..., Any], *primals: Any, has_aux: bool = False) -> tuple:
+def vjp(
+    fun: Callable[..., Any],
+    *primals: Any,
+    has_aux: bool = False,
+    graph: bool | None = None,
+    graph_updates: bool | None = None,
+) -> tuple:
     """`jax.vjp` for functions of Modules and Variables: cotangents of Modules as States.
 
     `fun` runs once, now: Variables it writes (batch statistics, counters) are written
@@ -76,6 +84,12 @@ def vjp(fun: Callable[..., Any], *primals: Any, has_aux: bool = False) -> tuple:
             `aux` may hold anything, Modules included).
         *primals: its positional arguments.
         has_aux: whether `fun` returns `(out, aux)`.
+        graph: `False` for tree mode: `jax.vjp` over the primals as pytrees; a Module's
+            cotangent is Module-shaped (every floating-point leaf differentiated), Variable
+            values written inside are written back, and a Variable met twice is refused.
+            `None` reads `set_graph_mode`. See "Tree mode".
+        graph_updates: `False` keeps graph mode's sharing, then as tree mode. `None` reads
+            `set_graph_updates`.
 
     Returns:
         `(out, vjp_fn)`, or `(out, vjp_fn, aux)`. `vjp_fn(cotangent)` takes a cotangent
@@ -96,6 +110,9 @@ def vjp(fun: Callable[..., Any], *primals: Any, has_aux: bool = False) -> tuple:
         >>> float(out), float(grads["w"].value), float(x_grad)
         (6.0, 2.0, 3.0)
     """
+    graph, graph_updates = resolve_modes(graph, graph_updates)
+    if not (graph and graph_updates):
+        return simple_vjp(fun, graph, primals, has_aux)
     call, differentiated, lifted, selected = _prepare("vjp", fun, primals)
     diff = [v for v, s in zip(lifted.values, selected, strict=True) if s]
     value, pullback, (outcome, out_values) = jax.vjp(
@@ -146,6 +163,8 @@ def jvp(
     tangents: tuple[Any, ...],
     *,
     has_aux: bool = False,
+    graph: bool | None = None,
+    graph_updates: bool | None = None,
 ) -> tuple:
     """`jax.jvp` for functions of Modules and Variables: tangents of Modules as States.
 
@@ -161,6 +180,12 @@ def jvp(
             its own structure with a tangent for each floating-point array (Variables
             holding theirs) and None for a zero one. None stands for a whole zero tangent.
         has_aux: whether `fun` returns `(out, aux)`.
+        graph: `False` for tree mode: `jax.jvp` over the primals as pytrees; a Module's
+            tangent is Module-shaped (every floating-point leaf differentiated), Variable
+            values written inside are written back, and a Variable met twice is refused.
+            `None` reads `set_graph_mode`. See "Tree mode".
+        graph_updates: `False` keeps graph mode's sharing, then as tree mode. `None` reads
+            `set_graph_updates`.
 
     Returns:
         `(out, tangent_out)`, or `(out, tangent_out, aux)`.
@@ -190,6 +215,9 @@ def jvp(
             "per primal (None for a zero one)."
         )
     primals = tuple(primals)
+    graph, graph_updates = resolve_modes(graph, graph_updates)
+    if not (graph and graph_updates):
+        return simple_jvp(fun, graph, primals, tuple(tangents), has_aux)
     call, differentiated, lifted, selected = _prepare("jvp", fun, primals)
     diff = [v for v, s in zip(lifted.values, selected, strict=True) if s]
     diff_tangents = differentiated.tangents(lifted, selected, dict(enumerate(tangents)), "tangents")

@@ -879,3 +879,63 @@ def simple_scan(
 
     functools.update_wrapper(wrapper, fun)
     return Wrapped(wrapper)
+
+
+def simple_vjp(fun: Callable[..., Any], graph: bool, primals: tuple, has_aux: bool) -> tuple:
+    """`vjp` in tree mode or with `graph_updates=False`: `jax.vjp` over the primals as
+    pytrees. `vjp_fn` returns one cotangent per primal, a Module's Module-shaped."""
+
+    def pure(*primals: Any) -> Any:
+        inside = Inside("vjp", graph)
+        primals, _ = inside.enter(primals, {})
+        out = inside.leave(fun(*primals))
+        if has_aux:
+            out, aux = _pair("vjp", out)
+            return out, (inside.updates(), aux)
+        return out, (inside.updates(), None)
+
+    encoded, _, variables = outer_variables("vjp", graph, primals, {})
+    out, pullback, (updates, aux) = jax.vjp(pure, *encoded, has_aux=True)
+    apply_updates(variables, updates)
+
+    def vjp_fn(cotangent: Any) -> tuple:
+        cotangents = pullback(to_tree(cotangent) if graph else cotangent)
+        return decode_part(cotangents, encoded) if graph else cotangents
+
+    out, aux = decode(out, graph), decode(aux, graph)
+    return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)
+
+
+def simple_jvp(
+    fun: Callable[..., Any], graph: bool, primals: tuple, tangents: tuple, has_aux: bool
+) -> tuple:
+    """`jvp` in tree mode or with `graph_updates=False`: `jax.jvp` over the primals and
+    tangents as pytrees (a Module's tangent is Module-shaped)."""
+
+    def pure(*primals: Any) -> Any:
+        inside = Inside("jvp", graph)
+        primals, _ = inside.enter(primals, {})
+        out = inside.leave(fun(*primals))
+        aux = None
+        if has_aux:
+            out, aux = _pair("jvp", out)
+        return (out, inside.updates()), aux
+
+    encoded, _, variables = outer_variables("jvp", graph, tuple(primals), {})
+    encoded_tangents = encode(tuple(tangents), graph)
+    variables_of("jvp", {"tangents": encoded_tangents}, graph)
+    (out, updates), (tangent_out, _), aux = jax.jvp(
+        pure, encoded, encoded_tangents, has_aux=True
+    )
+    apply_updates(variables, updates)
+    out, tangent_out, aux = decode(out, graph), decode(tangent_out, graph), decode(aux, graph)
+    return (out, tangent_out, aux) if has_aux else (out, tangent_out)
+
+
+def _pair(transform: str, out: Any) -> tuple[Any, Any]:
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise TypeError(
+            f"{transform}(has_aux=True): the function must return a pair (out, aux), got "
+            f"{type(out).__name__}."
+        )
+    return out
