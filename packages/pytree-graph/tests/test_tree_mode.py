@@ -431,3 +431,64 @@ def test_checkify_reports_and_writes_back(modes):
         m, jnp.ones(2)
     )
     assert "nan generated" in error.get() and float(m.count.value) == 1.0
+
+
+# ------------------------------------------------- vjp, jvp, jit_partial, shard_map
+
+
+@pytest.mark.parametrize("modes", SIMPLE_MODES)
+def test_vjp_cotangents_are_module_shaped_and_writes_come_back(modes):
+    m = Floats()
+    out, vjp_fn = pg.vjp(lambda m, x: m(x), m, jnp.array([3.0, 4.0]), **modes)
+    grads, gx = vjp_fn(jnp.array(1.0))
+    assert float(out) == 11.0 and float(m.stat.value) == 1.0
+    assert type(grads) is Floats and grads.w.value.tolist() == [3.0, 4.0]
+    assert gx.tolist() == [1.0, 2.0]
+    _, _, aux = pg.vjp(lambda m: (m(2.0), "aux"), m, has_aux=True, **modes)
+    assert aux == "aux" and float(m.stat.value) == 2.0
+
+
+@pytest.mark.parametrize("modes", SIMPLE_MODES)
+def test_jvp_takes_module_shaped_tangents(modes):
+    m = Floats()
+    tangent = jax.tree.map(jnp.ones_like, Floats())
+    out, t = pg.jvp(lambda m, x: m(x), (m, jnp.array([3.0, 4.0])), (tangent, jnp.zeros(2)), **modes)
+    assert float(out) == 11.0 and float(t) == 7.0 and float(m.stat.value) == 1.0
+
+
+def test_vjp_tree_mode_refuses_a_tied_primal():
+    with pytest.raises(ValueError, match=r"pytree_graph\.vjp with graph=False"):
+        pg.vjp(lambda t: t.encoder.value.sum(), Tied(), graph=False)
+
+
+@pytest.mark.parametrize("modes", SIMPLE_MODES)
+def test_jit_partial_and_cached_partial_bind_the_first_arguments(modes):
+    m = Counter()
+    step = pg.jit_partial(lambda m, x: m(x).sum(), m, **modes)
+    assert float(step(jnp.ones(2))) == 2.0
+    step(jnp.ones(2))
+    assert float(m.count.value) == 2.0
+    cached = pg.cached_partial(pg.jit(lambda m, x: m(x), **modes), m)
+    cached(jnp.ones(2))
+    assert float(m.count.value) == 3.0
+
+
+@pytest.mark.multi_device
+@pytest.mark.parametrize("modes", SIMPLE_MODES)
+def test_shard_map_writes_back_with_the_arguments_spec(modes):
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(jax.devices()[:4], ("d",))
+    m = Counter((8,))
+
+    def f(m, x):
+        m.count.value += 1
+        return x * m.w.value
+
+    out = pg.shard_map(f, mesh=mesh, in_specs=(P("d"), P("d")), out_specs=P("d"), **modes)(
+        m, jnp.ones((8, 2))
+    )
+    assert out.shape == (8, 2) and m.count.value.tolist() == [1.0] * 8
+    with pytest.raises(ValueError, match="`in_specs` cannot contain `StateSharding`"):
+        pg.shard_map(f, mesh=mesh, in_specs=(pg.StateSharding({...: P()}),), out_specs=P(), **modes)

@@ -337,3 +337,29 @@ def test_compat_namespace_is_graph_mode():
 
     results = _both(snippet)
     assert results["pg"] == results["nnx"] == 2.0
+
+
+@pytest.mark.parametrize("modes", MODES)
+def test_vjp_and_jvp(modes):
+    def snippet(lib, C, T, Floats):
+        m = Floats()
+        out, vjp_fn = lib.vjp(lambda m, x: m(x), m, jnp.array([3.0, 4.0]), **modes)
+        grads, gx = vjp_fn(jnp.array(1.0))
+        tangent = jax.tree.map(jnp.ones_like, Floats())
+        primal, t = lib.jvp(
+            lambda m, x: m(x), (m, jnp.array([3.0, 4.0])), (tangent, jnp.zeros(2)), **modes
+        )
+        return (
+            float(out),
+            type(grads).__name__,
+            grads.w.value.tolist(),
+            gx.tolist(),
+            float(primal),
+            float(t),
+            float(m.stat.value),
+        )
+
+    results = _both(snippet)
+    assert (
+        results["pg"] == results["nnx"] == (11.0, "Floats", [3.0, 4.0], [1.0, 2.0], 11.0, 7.0, 2.0)
+    )

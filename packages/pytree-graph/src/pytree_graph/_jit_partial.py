@@ -52,6 +52,7 @@ from ._boundary import Call, Inside
 from ._error_names import rename_in_error
 from ._errors import check_callable, donated_positions
 from ._eval_shape import eval_shape
+from ._graph_mode import resolve_modes
 from ._graphdef import Builder, GraphDef, check_writable
 from ._jit import (
     _REFUSED_OPTIONS,
@@ -68,6 +69,7 @@ from ._lift_cache import CHECK_HITS, CachedWalk, Checks, _check_hit
 from ._outcome import Outcome, ValuesChanged
 from ._static import Static
 from ._traverse import GraphWalk
+from ._tree_transforms import SimpleJit, SimplePartial
 from ._variables import Variable, value_writes, wrote_values
 
 _consume = deque(maxlen=0).extend  # runs an iterator to its end, keeping nothing
@@ -691,7 +693,13 @@ def _signature(fun: Callable[..., Any]) -> inspect.Signature | None:
         return None
 
 
-def jit_partial(fun: Callable[..., Any], *partial_args: Any, **jit_kwargs: Any) -> JitPartial:
+def jit_partial(
+    fun: Callable[..., Any],
+    *partial_args: Any,
+    graph: bool | None = None,
+    graph_updates: bool | None = None,
+    **jit_kwargs: Any,
+) -> Any:
     """`pytree_graph.jit` of `fun` with its first arguments bound: a training step that
     takes the model and optimizer once, and only the data on each call.
 
@@ -718,6 +726,12 @@ def jit_partial(fun: Callable[..., Any], *partial_args: Any, **jit_kwargs: Any) 
             State of them, a `StateSharding` or a pytree prefix, as in `pytree_graph.jit`,
             also laying out the Variables written; for a per-step argument: a sharding or
             a pytree prefix of it). `out_shardings` lays out the output.
+        graph: `False` for tree mode: `pytree_graph.jit(fun, graph=False)` with the first
+            arguments bound, passed as pytrees on every call (no fast path: each call
+            flattens them and checks them for a Variable met twice). `None` reads
+            `set_graph_mode`.
+        graph_updates: `False`: as `graph=False`, with graph mode's sharing kept. `None`
+            reads `set_graph_updates`.
 
     Returns:
         The compiled function of the remaining arguments. Its `.lower(*args)` and
@@ -746,10 +760,13 @@ def jit_partial(fun: Callable[..., Any], *partial_args: Any, **jit_kwargs: Any) 
         22.0
     """
     check_callable(fun, "jit_partial")
+    graph, graph_updates = resolve_modes(graph, graph_updates)
+    if not (graph and graph_updates):
+        return SimplePartial(SimpleJit(fun, graph, jit_kwargs), partial_args)
     return JitPartial(fun, partial_args, dict(jit_kwargs))
 
 
-def cached_partial(f: Callable[..., Any], *cached_args: Any) -> JitPartial:
+def cached_partial(f: Callable[..., Any], *cached_args: Any) -> Any:
     """Bind the first arguments of a `pytree_graph.jit` function: the same as
     `jit_partial` of the function it compiles, with its options.
 
@@ -758,7 +775,9 @@ def cached_partial(f: Callable[..., Any], *cached_args: Any) -> JitPartial:
         *cached_args: the Modules and Variables to bind, as for `jit_partial`.
 
     Returns:
-        The compiled function of the remaining arguments (a `jit_partial` function).
+        The compiled function of the remaining arguments (a `jit_partial` function; for a
+        `jit` made with `graph=False` or `graph_updates=False`, that `jit` with the
+        arguments bound).
 
     Raises:
         TypeError: `f` is not a `pytree_graph.jit` function, or as `jit_partial`.
@@ -774,6 +793,8 @@ def cached_partial(f: Callable[..., Any], *cached_args: Any) -> JitPartial:
         >>> step(jnp.array(2)); step(jnp.array(3)); int(count.value)
         5
     """
+    if isinstance(f, SimpleJit):  # a tree-mode (or graph_updates=False) jit
+        return SimplePartial(f, cached_args)
     if not isinstance(f, _GraphJit):
         raise TypeError(
             f"cached_partial takes a function compiled with `pytree_graph.jit`, not a "

@@ -14,7 +14,9 @@ from ._aliases import check_one_spec, lift_recording_aliases
 from ._argument_specs import PerArgumentSpecs
 from ._boundary import Call, Inside, holds_graph_nodes
 from ._errors import check_callable
+from ._graph_mode import resolve_modes
 from ._sharding import spec_of
+from ._tree_transforms import simple_shard_map
 
 
 class _GraphShardMap(BindsAsMethod):
@@ -90,6 +92,8 @@ def shard_map(
     mesh: Mesh | None = None,
     in_specs: Any,
     out_specs: Any,
+    graph: bool | None = None,
+    graph_updates: bool | None = None,
     **shard_map_kwargs: Any,
 ) -> Any:
     """`jax.shard_map` for functions of Modules and Variables: each device runs `fun` on
@@ -112,6 +116,13 @@ def shard_map(
         in_specs: one spec for every positional argument, or a tuple with one per
             argument.
         out_specs: the specs of the output, as for `jax.shard_map`.
+        graph: `False` for tree mode: `jax.shard_map` over the arguments as pytrees
+            (`in_specs` a pytree prefix of them, PartitionSpecs at its leaves;
+            `StateSharding` refused); Variables written come back with their argument's
+            spec; a Variable met twice is refused; the output may hold new Modules.
+            `None` reads `set_graph_mode`. See "Tree mode".
+        graph_updates: `False` keeps graph mode's sharing, writing back values only.
+            `None` reads `set_graph_updates`.
         **shard_map_kwargs: passed on to `jax.shard_map` (`axis_names`, `check_vma`).
 
     Returns:
@@ -134,11 +145,21 @@ def shard_map(
         >>> f(dense, jnp.ones((3, 4))).tolist()
         [[4.0, 4.0], [4.0, 4.0], [4.0, 4.0]]
     """
+    graph, graph_updates = resolve_modes(graph, graph_updates)
     if fun is None:
         return functools.partial(
-            shard_map, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **shard_map_kwargs
+            shard_map,
+            mesh=mesh,
+            in_specs=in_specs,
+            out_specs=out_specs,
+            graph=graph,
+            graph_updates=graph_updates,
+            **shard_map_kwargs,
         )
     check_callable(fun, "shard_map")
     if mesh is not None and not isinstance(mesh, Mesh | jax.sharding.AbstractMesh):
         raise TypeError(f"shard_map: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}.")
+    if not (graph and graph_updates):
+        options = {"mesh": mesh, **shard_map_kwargs} if mesh is not None else shard_map_kwargs
+        return simple_shard_map(fun, graph, in_specs, out_specs, options)
     return _GraphShardMap(fun, mesh, in_specs, out_specs, shard_map_kwargs)

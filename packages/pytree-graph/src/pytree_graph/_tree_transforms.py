@@ -924,9 +924,7 @@ def simple_jvp(
     encoded, _, variables = outer_variables("jvp", graph, tuple(primals), {})
     encoded_tangents = encode(tuple(tangents), graph)
     variables_of("jvp", {"tangents": encoded_tangents}, graph)
-    (out, updates), (tangent_out, _), aux = jax.jvp(
-        pure, encoded, encoded_tangents, has_aux=True
-    )
+    (out, updates), (tangent_out, _), aux = jax.jvp(pure, encoded, encoded_tangents, has_aux=True)
     apply_updates(variables, updates)
     out, tangent_out, aux = decode(out, graph), decode(tangent_out, graph), decode(aux, graph)
     return (out, tangent_out, aux) if has_aux else (out, tangent_out)
@@ -939,3 +937,61 @@ def _pair(transform: str, out: Any) -> tuple[Any, Any]:
             f"{type(out).__name__}."
         )
     return out
+
+
+class SimplePartial(BindsAsMethod):
+    """`jit_partial` in tree mode or with `graph_updates=False`: the tree-mode `jit` with its
+    first arguments bound (passed, and checked, on every call)."""
+
+    def __init__(self, jitted: SimpleJit, partial_args: tuple):
+        self._jitted = jitted
+        self._partial_args = partial_args
+        functools.update_wrapper(self, jitted._fun, updated=())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._jitted(*self._partial_args, *args, **kwargs)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """`jax.jit(...).lower` for these per-call arguments."""
+        return self._jitted.lower(*self._partial_args, *args, **kwargs)
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        """`jax.jit(...).trace` for these per-call arguments."""
+        return self._jitted.trace(*self._partial_args, *args, **kwargs)
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """The output's shapes and dtypes for these per-call arguments."""
+        return self._jitted.eval_shape(*self._partial_args, *args, **kwargs)
+
+
+def simple_shard_map(
+    fun: Callable[..., Any],
+    graph: bool,
+    in_specs: Any,
+    out_specs: Any,
+    options: dict[str, Any],
+) -> Wrapped:
+    """`shard_map` in tree mode or with `graph_updates=False`: `jax.shard_map` over the
+    arguments as pytrees (`in_specs` a pytree prefix of them). Variables written inside
+    come back with their argument's spec."""
+    refuse_state_prefixes(in_specs, "in_specs", "shard_map")
+    refuse_state_prefixes(out_specs, "out_specs", "shard_map")
+    groups = unique_prefixes(in_specs)
+    prefix = {"args": in_specs, "kwargs": None}
+
+    def pure(*args: Any) -> Any:
+        inside = Inside("shard_map", graph)
+        args, _ = inside.enter(args, {}, prefix)
+        out = inside.leave(fun(*args))
+        return out, inside.updates(groups)
+
+    mapped = jax.shard_map(pure, in_specs=in_specs, out_specs=(out_specs, list(groups)), **options)
+
+    @functools.wraps(fun)
+    def wrapper(*args: Any) -> Any:
+        args, _, variables = outer_variables("shard_map", graph, args, {})
+        out, updates = mapped(*args)
+        apply_updates(variables, updates)
+        return decode(out, graph)
+
+    return Wrapped(wrapper)

@@ -23,6 +23,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from ._ad_pairs import jvp as _jvp
+from ._ad_pairs import vjp as _vjp
 from ._autodiff import grad as _grad
 from ._autodiff import value_and_grad as _value_and_grad
 from ._checkify import checkify as _checkify
@@ -33,8 +35,10 @@ from ._control_flow import switch as _switch
 from ._control_flow import while_loop as _while_loop
 from ._eval_shape import eval_shape as _eval_shape
 from ._jit import jit as _jit
+from ._jit_partial import jit_partial as _jit_partial
 from ._pmap import pmap as _pmap
 from ._remat import remat as _remat
+from ._shard_map import shard_map as _shard_map
 from ._vmap import vmap as _vmap
 
 
@@ -63,6 +67,10 @@ fori_loop = _graph_mode(_fori_loop)
 while_loop = _graph_mode(_while_loop)
 eval_shape = _graph_mode(_eval_shape)
 checkify = _graph_mode(_checkify)
+vjp = _graph_mode(_vjp)
+jvp = _graph_mode(_jvp)
+jit_partial = _graph_mode(_jit_partial)
+shard_map = _graph_mode(_shard_map)
 
 __all__ = [
     "checkify",
@@ -71,11 +79,15 @@ __all__ = [
     "fori_loop",
     "grad",
     "jit",
+    "jit_partial",
+    "jvp",
     "pmap",
     "remat",
     "scan",
+    "shard_map",
     "switch",
     "value_and_grad",
+    "vjp",
     "vmap",
     "while_loop",
 ]
