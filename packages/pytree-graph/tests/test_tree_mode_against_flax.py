@@ -360,6 +360,5 @@ def test_vjp_and_jvp(modes):
         )
 
     results = _both(snippet)
-    assert (
-        results["pg"] == results["nnx"] == (11.0, "Floats", [3.0, 4.0], [1.0, 2.0], 11.0, 7.0, 2.0)
-    )
+    expected = (11.0, "Floats", [3.0, 4.0], [1.0, 2.0], 11.0, 7.0, 2.0)
+    assert results["pg"] == results["nnx"] == expected
