@@ -492,3 +492,55 @@ def test_shard_map_writes_back_with_the_arguments_spec(modes):
     assert out.shape == (8, 2) and m.count.value.tolist() == [1.0] * 8
     with pytest.raises(ValueError, match="`in_specs` cannot contain `StateSharding`"):
         pg.shard_map(f, mesh=mesh, in_specs=(pg.StateSharding({...: P()}),), out_specs=P(), **modes)
+
+
+class Pair(Module):
+    def __init__(self):
+        self.x = Param(jnp.array(1.0))
+        self.y = Param(jnp.array(2.0))
+        self.z = BatchStat(jnp.array(1.0))
+
+
+def _sin_rule(modes, bwd):
+    @pg.custom_vjp(**modes)
+    def f(m):
+        m.z.value = m.z.value * 2.0
+        return jnp.sin(m.x.value) * m.y.value
+
+    f.defvjp(lambda m: (f(m), (jnp.cos(m.x.value), jnp.sin(m.x.value), m)), bwd)
+    return f
+
+
+def _bwd(res, g):
+    cos_x, sin_x, m = res
+    m_g = jax.tree.map(jnp.zeros_like, m)
+    m_g.x.value = cos_x * g * m.y.value
+    m_g.y.value = sin_x * g
+    return (m_g,)
+
+
+@pytest.mark.parametrize("modes", SIMPLE_MODES)
+def test_custom_vjp_module_shaped_cotangents_and_write_back(modes):
+    f = _sin_rule(modes, _bwd)
+    m = Pair()
+    assert float(f(m)) == pytest.approx(jnp.sin(1.0) * 2.0)
+    assert float(m.z.value) == 2.0
+    grads = pg.grad(f, **modes)(m)
+    assert type(grads) is Pair and float(m.z.value) == 4.0
+    assert float(grads.x.value) == pytest.approx(jnp.cos(1.0) * 2.0)
+    assert float(grads.y.value) == pytest.approx(jnp.sin(1.0))
+
+
+def test_custom_vjp_tree_mode_gives_updates_g():
+    seen = []
+
+    def bwd(res, g, *, updates_g):
+        seen.append((type(updates_g[0].z), updates_g[0].x))
+        return _bwd(res, g)
+
+    pg.grad(_sin_rule(TREE, bwd), graph=False)(Pair())
+    assert seen == [(BatchStat, None)]  # the written Variable's cotangent; None elsewhere
+    with pytest.raises(ValueError, match="`updates_g` needs tree mode"):
+        _sin_rule(VALUES_ONLY, bwd)
+    with pytest.raises(ValueError, match="`nondiff_argnums` cannot contain `DiffState`"):
+        pg.custom_vjp(lambda m: m, nondiff_argnums=(pg.DiffState(0, Param),), graph=False)

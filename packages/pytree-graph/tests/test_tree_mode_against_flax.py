@@ -362,3 +362,44 @@ def test_vjp_and_jvp(modes):
     results = _both(snippet)
     expected = (11.0, "Floats", [3.0, 4.0], [1.0, 2.0], 11.0, 7.0, 2.0)
     assert results["pg"] == results["nnx"] == expected
+
+
+@pytest.mark.parametrize("modes", MODES)
+def test_custom_vjp(modes):
+    def snippet(lib, C, T, F):
+        class Foo(C.__mro__[1]):
+            def __init__(self):
+                self.x = lib.Param(jnp.array(1.0))
+                self.y = lib.Param(jnp.array(2.0))
+                self.z = lib.BatchStat(jnp.array(1.0))
+
+        @lib.custom_vjp(**modes)
+        def f(m):
+            m.z.value = m.z.value * 2.0
+            return jnp.sin(m.x.value) * m.y.value
+
+        def f_fwd(m):
+            return f(m), (jnp.cos(m.x.value), jnp.sin(m.x.value), m)
+
+        def f_bwd(res, g):
+            cos_x, sin_x, m = res
+            m_g = jax.tree.map(jnp.zeros_like, m)
+            m_g.x.value = cos_x * g * m.y.value
+            m_g.y.value = sin_x * g
+            return (m_g,)
+
+        f.defvjp(f_fwd, f_bwd)
+        m = Foo()
+        value = float(f(m))
+        grads = lib.grad(f, **modes)(m)
+        return (
+            round(value, 5),
+            type(grads).__name__,
+            round(float(grads.x.value), 5),
+            round(float(grads.y.value), 5),
+            float(m.z.value),
+        )
+
+    results = _both(snippet)
+    assert results["pg"] == results["nnx"]
+    assert results["pg"][1:] == ("Foo", 1.08060, 0.84147, 4.0)

@@ -13,8 +13,10 @@ from ._aliases import lift_recording_aliases
 from ._autodiff import DiffState, parse_argnums, resolve_argnums
 from ._boundary import Call, Inside, holds_graph_nodes
 from ._errors import check_callable
+from ._graph_mode import resolve_modes
 from ._lift import lift_once
 from ._tangents import Differentiated, zeros_for
+from ._tree_transforms import SimpleCustomVjp, refuse_state_prefixes
 
 
 class _GraphCustomVjp(BindsAsMethod):
@@ -148,7 +150,13 @@ def _count(result: Any) -> str:
     return f"a {type(result).__name__}"
 
 
-def custom_vjp(fun: Callable[..., Any] | None = None, *, nondiff_argnums: tuple = ()) -> Any:
+def custom_vjp(
+    fun: Callable[..., Any] | None = None,
+    *,
+    nondiff_argnums: tuple = (),
+    graph: bool | None = None,
+    graph_updates: bool | None = None,
+) -> Any:
     """`jax.custom_vjp` for functions of Modules and Variables.
 
     Decorate the function, then give it its rules with `f.defvjp(fwd, bwd)`. `fwd` takes
@@ -167,6 +175,13 @@ def custom_vjp(fun: Callable[..., Any] | None = None, *, nondiff_argnums: tuple 
             to `bwd` before the residuals, as `jax.custom_vjp` does), and
             `DiffState(argnum, filter)`s, for Module arguments of which only the
             Variables `filter` selects are differentiated (as in `grad`).
+        graph: `False` for tree mode, as Flax NNX's: `jax.custom_vjp` over the arguments
+            as pytrees; `bwd` returns Module-shaped cotangents, and may declare a keyword
+            parameter `updates_g` to get the cotangents of the Variables the function
+            wrote; `DiffState` is refused; a Variable met twice is refused. `None` reads
+            `set_graph_mode`. See "Tree mode".
+        graph_updates: `False` keeps graph mode's sharing, then as tree mode (without
+            `updates_g`). `None` reads `set_graph_updates`.
 
     Returns:
         The function, with a `defvjp(fwd, bwd)` method.
@@ -191,7 +206,15 @@ def custom_vjp(fun: Callable[..., Any] | None = None, *, nondiff_argnums: tuple 
         >>> float(grad(apply)(Scale(), 5.0)["w"].value)
         1.0
     """
+    graph, graph_updates = resolve_modes(graph, graph_updates)
     if fun is None:
-        return functools.partial(custom_vjp, nondiff_argnums=nondiff_argnums)
+        return functools.partial(
+            custom_vjp, nondiff_argnums=nondiff_argnums, graph=graph, graph_updates=graph_updates
+        )
     check_callable(fun, "custom_vjp")
+    if not (graph and graph_updates):
+        if isinstance(nondiff_argnums, int):
+            nondiff_argnums = (nondiff_argnums,)
+        refuse_state_prefixes(nondiff_argnums, "nondiff_argnums", "custom_vjp", (DiffState,))
+        return SimpleCustomVjp(fun, graph, tuple(nondiff_argnums))
     return _GraphCustomVjp(fun, nondiff_argnums)

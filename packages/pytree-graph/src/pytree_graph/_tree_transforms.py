@@ -15,6 +15,7 @@ writes back whatever changed, attributes included. The two other modes (Flax NNX
 """
 
 import functools
+import inspect
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -259,7 +260,7 @@ class Inside:
     `updates` the changed Variables, grouped as `prefixes` says.
     """
 
-    __slots__ = ("graph", "held", "paths", "prefixes", "roots", "transform", "variables")
+    __slots__ = ("copies", "graph", "held", "paths", "prefixes", "roots", "transform", "variables")
 
     def __init__(self, transform: str, graph: bool):
         self.transform = transform
@@ -269,6 +270,7 @@ class Inside:
         """The arguments the function gets. `prefix` (of `{"args": ..., "kwargs": ...}`)
         gives each Variable its group for `updates`."""
         args, kwargs = copy_tree((args, kwargs))
+        self.copies = args
         groups = {"args": args, "kwargs": kwargs}
         self.variables, self.paths, self.roots = _variables_with_roots(
             self.transform, groups, self.graph
@@ -995,3 +997,107 @@ def simple_shard_map(
         return decode(out, graph)
 
     return Wrapped(wrapper)
+
+
+class _Slot:
+    """In `custom_vjp`'s residuals, the place of an argument's Variable: no leaves, its
+    position (among the call's Variables) as static data."""
+
+    __slots__ = ("position",)
+
+    def __init__(self, position: int):
+        self.position = position
+
+
+jax.tree_util.register_pytree_node(_Slot, lambda s: ((), s.position), lambda p, _: _Slot(p))
+
+
+def _is_slot(x: Any) -> bool:
+    return isinstance(x, _Slot)
+
+
+def _takes_updates_g(bwd: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(bwd).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "updates_g" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+class SimpleCustomVjp(BindsAsMethod):
+    """`custom_vjp` in tree mode or with `graph_updates=False`, as Flax NNX's: `jax.custom_vjp`
+    over the arguments as pytrees. `bwd` returns one cotangent per differentiated
+    argument, a Module's Module-shaped; declaring `updates_g`, it also gets the
+    cotangents of the Variables the function wrote (tree mode)."""
+
+    def __init__(self, fun: Callable[..., Any], graph: bool, nondiff_argnums: tuple):
+        self._fun = fun
+        self._graph = graph
+        self._nondiff = tuple(sorted(nondiff_argnums))
+        self._custom = jax.custom_vjp(self._pure, nondiff_argnums=self._nondiff)
+        functools.update_wrapper(self, fun, updated=())
+
+    def _pure(self, *args: Any) -> Any:
+        inside = Inside("custom_vjp", self._graph)
+        args, _ = inside.enter(args, {})
+        return inside.leave(self._fun(*args)), inside.updates()
+
+    def defvjp(self, fwd: Callable[..., Any], bwd: Callable[..., Any]) -> None:
+        """Give the function its forward and backward rules.
+
+        Arguments:
+            fwd: called with the function's arguments, returns `(out, residuals)`.
+            bwd: called as `bwd(*nondiff_args, residuals, out_cotangent)`; returns a tuple
+                with one cotangent per other positional argument (a Module's
+                Module-shaped). With a keyword parameter `updates_g` (tree mode), it also
+                gets the arguments' structure with the cotangent of each Variable the
+                function wrote in its place and None elsewhere.
+        """
+        graph = self._graph
+        takes_updates_g = _takes_updates_g(bwd)
+        if graph and takes_updates_g:
+            raise ValueError(
+                "custom_vjp: a `bwd` taking `updates_g` needs tree mode (graph=False); "
+                "with graph_updates=False the written Variables' cotangents are not given. "
+                "Drop the parameter, or pass graph=False."
+            )
+
+        def pure_fwd(*args: Any) -> Any:
+            inside = Inside("custom_vjp", graph)
+            decoded, _ = inside.enter(args, {})
+            out, residual = fwd(*decoded)
+            if graph:
+                out, residual = to_tree(out), to_tree(residual)
+            check_output("custom_vjp", inside.variables, inside.paths, out, graph)
+            counter = iter(range(len(inside.variables)))
+            masked = jax.tree.map(
+                lambda x: _Slot(next(counter)) if isinstance(x, Variable) else None,
+                inside.copies,
+                is_leaf=_is_variable,
+            )
+            return (out, inside.updates()), (residual, masked)
+
+        def pure_bwd(*args: Any) -> Any:
+            *nondiff, (residual, masked), (out_g, updates_g) = args
+            if graph:
+                nondiff, residual, out_g = from_tree((nondiff, residual, out_g))
+            kwargs = {}
+            if takes_updates_g:
+                written = {}
+                for group in updates_g:
+                    written.update(zip(group.positions, group.variables, strict=True))
+                kwargs["updates_g"] = jax.tree.map(
+                    lambda s: written.get(s.position) if isinstance(s, _Slot) else None,
+                    masked,
+                    is_leaf=_is_slot,
+                )
+            result = bwd(*nondiff, residual, out_g, **kwargs)
+            return to_tree(result) if graph else result
+
+        self._custom.defvjp(pure_fwd, pure_bwd)
+
+    def __call__(self, *args: Any) -> Any:
+        args, _, variables = outer_variables("custom_vjp", self._graph, args, {})
+        out, updates = self._custom(*args)
+        apply_updates(variables, updates)
+        return decode(out, self._graph)

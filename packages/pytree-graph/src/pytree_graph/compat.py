@@ -33,6 +33,7 @@ from ._control_flow import fori_loop as _fori_loop
 from ._control_flow import scan as _scan
 from ._control_flow import switch as _switch
 from ._control_flow import while_loop as _while_loop
+from ._custom_vjp import custom_vjp as _custom_vjp
 from ._eval_shape import eval_shape as _eval_shape
 from ._jit import jit as _jit
 from ._jit_partial import jit_partial as _jit_partial
@@ -68,6 +69,7 @@ while_loop = _graph_mode(_while_loop)
 eval_shape = _graph_mode(_eval_shape)
 checkify = _graph_mode(_checkify)
 vjp = _graph_mode(_vjp)
+custom_vjp = _graph_mode(_custom_vjp)
 jvp = _graph_mode(_jvp)
 jit_partial = _graph_mode(_jit_partial)
 shard_map = _graph_mode(_shard_map)
@@ -75,6 +77,7 @@ shard_map = _graph_mode(_shard_map)
 __all__ = [
     "checkify",
     "cond",
+    "custom_vjp",
     "eval_shape",
     "fori_loop",
     "grad",
