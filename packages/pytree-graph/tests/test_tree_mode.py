@@ -544,3 +544,25 @@ def test_custom_vjp_tree_mode_gives_updates_g():
         _sin_rule(VALUES_ONLY, bwd)
     with pytest.raises(ValueError, match="`nondiff_argnums` cannot contain `DiffState`"):
         pg.custom_vjp(lambda m: m, nondiff_argnums=(pg.DiffState(0, Param),), graph=False)
+
+
+@pytest.mark.multi_device
+def test_jit_tree_mode_in_shardings_lay_out_the_written_variables():
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(jax.devices()[:4], ("d",))
+    rows, replicated = NamedSharding(mesh, P("d")), NamedSharding(mesh, P())
+    m = Counter((8,))
+    prefix = Counter()
+    prefix.w, prefix.count = rows, replicated  # a Module-shaped prefix
+
+    def step(m, x):
+        m.w.value = m.w.value * 2
+        m.count.value = m.count.value + 1
+        return x.sum()
+
+    assert float(pg.jit(step, graph=False, in_shardings=(prefix, replicated))(m, jnp.ones(3))) == 3
+    assert m.w.value.sharding.is_equivalent_to(rows, 2)
+    assert m.count.value.sharding.is_equivalent_to(replicated, 1)
+    assert m.w.value.tolist() == [[2.0, 2.0]] * 8
