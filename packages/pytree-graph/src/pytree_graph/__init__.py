@@ -5,6 +5,10 @@ from .__about__ import __version__ as __version__
 from ._ad_pairs import jvp as jvp
 from ._ad_pairs import vjp as vjp
 from ._argument_specs import StateSharding as StateSharding
+from ._array_backed import VarDefaults as VarDefaults
+from ._array_backed import var_defaults as var_defaults
+from ._array_backed import vars_as as vars_as
+from ._array_backed import with_vars as with_vars
 from ._autodiff import DiffState as DiffState
 from ._autodiff import grad as grad
 from ._autodiff import value_and_grad as value_and_grad

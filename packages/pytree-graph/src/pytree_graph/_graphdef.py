@@ -28,7 +28,6 @@ from ._state import _flatten_with_keys as _state_flatten_with_keys
 from ._state import _unflatten as _state_unflatten
 from ._variables import Variable, wrote_values
 
-_set_variable = Variable._pg_flat.__set__  # type: ignore[attr-defined]
 
 
 class GraphDef:
@@ -457,7 +456,7 @@ class Builder:
             check_writable(existing)
             if isinstance(value, Variable):
                 value = value.value
-            _set_variable(existing, ([value], kind))
+            kind.rewrite(existing, value)
             touch()
             wrote_values()
             variable = existing
@@ -467,7 +466,7 @@ class Builder:
             self.objects[index] = value
             return value
         else:
-            variable = kind((value,))
+            variable = kind.build(value)
         self.objects[index] = variable
         return variable
 

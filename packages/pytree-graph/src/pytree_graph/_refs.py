@@ -159,7 +159,7 @@ def reref(tree: Any) -> Any:
     out = []
     for leaf in leaves:
         if isinstance(leaf, VariableValue):
-            made[leaf.index] = variable = leaf.kind((leaf.value,))
+            made[leaf.index] = variable = leaf.kind.build(leaf.value)
             leaf = variable
         elif isinstance(leaf, VariableIndex):
             try:

@@ -23,6 +23,8 @@ from pytree_module.extend import (
     touch,
 )
 
+from . import _array_refs
+from ._array_refs import RefCell
 from ._axis_rules import to_mesh_axes
 from ._static import static_key
 
@@ -47,8 +49,53 @@ class _Kind:
         _set_trace(variable, current_trace_token())
         return variable
 
+    def cell(self, value: Any) -> list[Any]:
+        """A new value list holding `value`, as a Variable of this kind stores it."""
+        return [value]
+
+    def build(self, value: Any) -> "Variable":
+        """A new Variable of this kind holding `value` (in new refs, if array-backed)."""
+        variable = object.__new__(self.cls)
+        _set_flat(variable, (self.cell(value), self))
+        _set_trace(variable, current_trace_token())
+        return variable
+
+    def rewrite(self, variable: "Variable", value: Any) -> None:
+        """Give an existing Variable this kind and `value` (a merge into it)."""
+        _set_flat(variable, ([value], self))
+
     def __repr__(self) -> str:
         return f"{self.cls.__name__}{dict(self.items)}"
+
+
+class _ArrayBackedKind(_Kind):
+    """The kind of an array-backed Variable (`ref=True` or `hijax=True` in its metadata):
+    its value list is a `RefCell`, and values it is built from outside a trace are put
+    in new refs. (JAX's unflattening, `__call__`, keeps the leaves it is given: refs, or
+    whatever a `tree_map` made of them.)"""
+
+    __slots__ = ()
+
+    def __call__(self, children: Any) -> "Variable":
+        variable = object.__new__(self.cls)
+        _set_flat(variable, (RefCell(children), self))
+        _set_trace(variable, current_trace_token())
+        return variable
+
+    def cell(self, value: Any) -> list[Any]:
+        # Inside a trace the value is a tracer: the Variable holds it as it is (a graph
+        # transform passes values in and writes them back), and new refs would be local
+        # to the trace.
+        if isinstance(value, jax.core.Tracer) or _array_refs.holds_ref(value):
+            return RefCell([value])
+        return RefCell([_array_refs.to_refs(value)])
+
+    def rewrite(self, variable: "Variable", value: Any) -> None:
+        cell = variable._pg_flat[0]
+        if type(cell) is RefCell and variable._pg_flat[1] is self:
+            cell[0] = value  # into the refs it has: their holders see the new value
+        else:
+            _set_flat(variable, (self.cell(value), self))
 
 
 _kinds: dict[tuple[type, Any], _Kind] = {}
@@ -102,7 +149,8 @@ def _kind(cls: type, metadata: Mapping[str, Any]) -> _Kind:
     key = (cls, static_key(items))
     kind = _kinds.get(key)
     if kind is None:
-        kind = _kinds[key] = _Kind(cls, items)
+        array_backed = metadata.get("ref") is True or metadata.get("hijax") is True
+        kind = _kinds[key] = (_ArrayBackedKind if array_backed else _Kind)(cls, items)
     return kind
 
 
@@ -219,21 +267,41 @@ class Variable:
     # `Param[jax.Array]` for annotations; `isinstance` and pytree registration use the class.
     __class_getitem__ = classmethod(GenericAlias)
 
-    def __init__(self, value: Any, **metadata: Any):
+    def __init__(
+        self, value: Any, *, hijax: bool | None = None, ref: bool | None = None, **metadata: Any
+    ):
         if _SHARDING_ALIAS in metadata:
             metadata = canonical_metadata(f"{type(self).__name__}(...)", metadata)
         if type(value) is VariableMetadata:
             value, metadata = value.value, _merged(type(self).__name__, value.metadata, metadata)
+            if "ref" in metadata or "hijax" in metadata:
+                hijax, ref = _boxed_flags(type(self).__name__, metadata, hijax, ref)
         if isinstance(value, Variable):
             raise TypeError(
                 f"{type(self).__name__}(...) got a {type(value).__name__}: a Variable "
                 "cannot hold another Variable. Pass its `.value`, or share the Variable "
                 "itself by assigning it."
             )
+        if hijax is None or ref is None:
+            defaults = _array_refs.defaults
+            if hijax is None:
+                hijax = defaults.hijax[-1] if defaults.hijax else False
+            if ref is None:
+                ref = defaults.ref[-1] if defaults.ref else False
+        if hijax or ref:
+            _array_refs.require_refs(
+                f"{type(self).__name__}(..., {'ref' if ref else 'hijax'}=True)"
+            )
+            metadata = _with_flags(metadata, hijax, ref)
+        if _array_refs.holds_ref(value):
+            raise ValueError(
+                f"{type(self).__name__}(...) got a JAX mutable array reference (jax.Ref): "
+                "a Variable makes its own refs. Pass the array (`r[...]`) with `ref=True`."
+            )
         kind = _kind(type(self), metadata)
         if "mesh" in metadata:
             value = _placed(type(self).__name__, value, metadata.get("sharding"), metadata["mesh"])
-        _set_flat(self, ([value], kind))
+        _set_flat(self, (kind.cell(value), kind))
         _set_trace(self, current_trace_token())
         wrote_values()  # (only `__init__` called again on a Variable makes it a write)
         # Called again on a live Variable, `__init__` gives it new metadata and a new
@@ -309,6 +377,83 @@ class Variable:
     def metadata(self) -> Mapping[str, Any]:
         """The metadata, as a read-only mapping."""
         return self._pg_flat[1].metadata
+
+    @property
+    def ref(self) -> bool:
+        """Whether the value is kept in JAX mutable array references (`ref=True`)."""
+        return self._pg_flat[1].metadata.get("ref", False)
+
+    @property
+    def hijax(self) -> bool:
+        """Whether the Variable was made with `hijax=True` (Flax NNX's name; here its
+        arrays are kept in JAX mutable array references, as with `ref=True`)."""
+        return self._pg_flat[1].metadata.get("hijax", False)
+
+    def get_raw_value(self) -> Any:
+        """The value as stored: for an array-backed Variable, its `jax.Ref` (or a pytree
+        of them); otherwise the value, without a `get_value` override applied.
+
+        Returns:
+            The stored value.
+
+        Examples:
+            >>> import jax, jax.numpy as jnp
+            >>> from pytree_graph import Param
+            >>> v = Param(jnp.zeros(2), ref=True)
+            >>> isinstance(v.get_raw_value(), jax.Ref), isinstance(v.value, jax.Array)
+            (True, True)
+        """
+        cell = self._pg_flat[0]
+        return cell.raw() if type(cell) is RefCell else cell[0]
+
+    def set_raw_value(self, value: Any) -> None:
+        """Store `value` as it is: no `set_value` override applies, and for an
+        array-backed Variable it replaces the ref (write into the ref with `v[...] = x`).
+
+        Arguments:
+            value: the new stored value (not a Variable).
+
+        Examples:
+            >>> import jax.numpy as jnp
+            >>> from pytree_graph import Param
+            >>> v = Param(jnp.zeros(2))
+            >>> v.set_raw_value(jnp.ones(2))
+            >>> v.value.tolist()
+            [1.0, 1.0]
+        """
+        if isinstance(value, Variable):
+            raise TypeError(
+                f"Cannot store a {type(value).__name__} inside a {type(self).__name__}: "
+                "pass its `get_raw_value()`."
+            )
+        _guard(self, "set the raw value")
+        cell = self._pg_flat[0]
+        list.__setitem__(cell, 0, value)
+        wrote_values()
+
+    @classmethod
+    def from_metadata(cls, value: Any, metadata: Mapping[str, Any]) -> "Variable":
+        """A Variable of this type holding `value` with `metadata`, as Flax NNX's
+        `Variable.from_metadata`: the constructor's layout (`mesh`) is not applied;
+        `ref=True` or `hijax=True` in the metadata keeps `value` in new refs.
+
+        Arguments:
+            value: the value.
+            metadata: the metadata (`ref` and `hijax` entries are kept only when true).
+
+        Returns:
+            The new Variable.
+
+        Examples:
+            >>> from pytree_graph import Param
+            >>> Param.from_metadata(1.0, {"tag": "a", "ref": False}).get_metadata()
+            {'tag': 'a'}
+        """
+        metadata = dict(canonical_metadata(f"{cls.__name__}.from_metadata", metadata))
+        hijax, ref = bool(metadata.pop("hijax", False)), bool(metadata.pop("ref", False))
+        if hijax or ref:
+            _array_refs.require_refs(f"{cls.__name__}.from_metadata(..., {{'ref': True}})")
+        return _kind(cls, _with_flags(metadata, hijax, ref)).build(value)
 
     def get_metadata(self, name: str | None = None, default: Any = _MISSING) -> Any:
         """The metadata as a new dict, or one entry of it.
@@ -404,6 +549,16 @@ class Variable:
 
     def _change_metadata(self, metadata: Mapping[str, Any], what: str) -> None:
         """Replace all metadata, after checking the trace and that the values are hashable."""
+        current = self._pg_flat[1].metadata
+        for flag in ("ref", "hijax"):
+            if metadata.get(flag, False) != current.get(flag, False):
+                raise ValueError(
+                    f"Cannot {what} of a {type(self).__name__} to change {flag!r}: it says "
+                    "where the value is kept (in JAX mutable array references or not). "
+                    f"Make a new Variable with `with_vars(variable, {flag}=...)`."
+                )
+        if "ref" in metadata and not metadata["ref"] or "hijax" in metadata and not metadata["hijax"]:
+            metadata = {k: v for k, v in metadata.items() if not (k in ("ref", "hijax") and not v)}
         _guard(self, what)
         _set_flat(self, (self._pg_flat[0], _kind(self._pg_flat[1].cls, metadata)))
         touch()
@@ -432,13 +587,18 @@ class Variable:
             )
         # Not through the constructor: a `mesh` in the metadata lays a value out when the
         # Variable is made, not again for each copy (`get_partition_spec` puts specs here).
-        metadata = canonical_metadata(f"{type(self).__name__}.replace", metadata)
-        return _kind(type(self), {**self.metadata, **metadata})((value,))
+        owner = f"{type(self).__name__}.replace"
+        merged = {**self.metadata, **canonical_metadata(owner, metadata)}
+        hijax, ref = _boxed_flags(owner, merged, None, None)
+        if (hijax or ref) and not (self.hijax or self.ref):
+            _array_refs.require_refs(f"{owner}(..., {'ref' if ref else 'hijax'}=True)")
+        return _kind(type(self), _with_flags(merged, hijax, ref)).build(value)
 
     def copy(self) -> "Variable":
-        """A new Variable of the same type holding the same value and metadata."""
+        """A new Variable of the same type holding the same value and metadata (an
+        array-backed one gets new refs: the copy does not share them)."""
         children, kind = self._pg_flat
-        return kind(children)
+        return kind.build(children[0])
 
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails: metadata first, then the value's own
@@ -513,12 +673,17 @@ class Variable:
             self.value = new
         elif index is Ellipsis and type(current) in _PYTHON_NUMBERS:
             self.value = value
+        elif type(current) in (dict, list):
+            # A new container, so that the old one (maybe held elsewhere) is not changed.
+            new = type(current)(current)
+            new[index] = value
+            self.value = new
         else:
             raise TypeError(
                 f"Cannot assign to `[{_show_index(index)}]` of a {type(self).__name__} holding "
-                f"{_a(current)}: only arrays support `v[index] = x` (a Python number "
-                "supports `v[...] = x`, which replaces it). Assign `v.value = new_value` "
-                "to replace the value."
+                f"{_a(current)}: only arrays, dicts and lists support `v[index] = x` (a "
+                "Python number supports `v[...] = x`, which replaces it). Assign "
+                "`v.value = new_value` to replace the value."
             )
 
     def __len__(self) -> int:
@@ -575,7 +740,8 @@ class Variable:
 
     def __setstate__(self, state: tuple[Any, dict[str, Any]]) -> None:
         value, metadata = state
-        _set_flat(self, ([value], _kind(type(self), metadata)))
+        kind = _kind(type(self), metadata)
+        _set_flat(self, (kind.cell(value), kind))
         _set_trace(self, current_trace_token())
         wrote_values()
         touch()  # on a live Variable, new metadata and trace: as `__init__`
@@ -623,6 +789,35 @@ jax.tree_util.register_pytree_node(
     lambda boxed: ((boxed.value,), tuple(boxed.metadata.items())),
     lambda items, children: VariableMetadata(*children, **dict(items)),
 )
+
+
+def _boxed_flags(
+    owner: str, metadata: dict[str, Any], hijax: bool | None, ref: bool | None
+) -> tuple[bool | None, bool | None]:
+    """Take `hijax` and `ref` out of `metadata` (from a `VariableMetadata`), checking them
+    against the keywords given."""
+    given = {"hijax": hijax, "ref": ref}
+    for name in ("hijax", "ref"):
+        if name in metadata:
+            boxed = bool(metadata.pop(name))
+            if given[name] is not None and bool(given[name]) != boxed:
+                raise ValueError(
+                    f"{owner} got {name}={given[name]!r}, but its value (a VariableMetadata) "
+                    f"already has {name}={boxed!r}. Give {name!r} one way only."
+                )
+            given[name] = boxed
+    return given["hijax"], given["ref"]
+
+
+def _with_flags(metadata: Mapping[str, Any], hijax: Any, ref: Any) -> dict[str, Any]:
+    """`metadata` with `hijax` / `ref` entries where true (a plain Variable has neither,
+    so its kind, and everything that compares kinds, is as without them)."""
+    metadata = dict(metadata)
+    if hijax:
+        metadata["hijax"] = True
+    if ref:
+        metadata["ref"] = True
+    return metadata
 
 
 def _merged(owner: str, boxed: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
@@ -814,7 +1009,10 @@ _VALUE_KEY = GetAttrKey("value")
 
 def _flatten_with_keys(variable: Variable) -> tuple[tuple[tuple[GetAttrKey, Any]], _Kind]:
     children, kind = variable._pg_flat
-    return ((_VALUE_KEY, children[0]),), kind
+    # Unpacked, not indexed: a `RefCell`'s item access reads the refs, and JAX must get
+    # the refs themselves (as the plain flatten does).
+    (value,) = children
+    return ((_VALUE_KEY, value),), kind
 
 
 def is_variable(x: Any) -> bool:
@@ -847,7 +1045,7 @@ def _tree_at_rule(old: Variable, new: Any) -> Any:
     """
     if new is None or isinstance(new, Variable | Module):
         return new
-    return old._pg_flat[1]([new])
+    return old._pg_flat[1].build(new)
 
 
 _register(Variable)
