@@ -16,6 +16,7 @@ Also here: the thread-local defaults `var_defaults` sets (read by `Variable.__in
 """
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -24,6 +25,23 @@ import numpy as np
 # Values a ref can hold: JAX and NumPy arrays, NumPy scalars and Python numbers. Others
 # (None, strings, `jax.ShapeDtypeStruct`s from `eval_shape`) are kept as they are.
 _NUMBERS = (bool, int, float, complex)
+
+
+def _top_level_check() -> Callable[[], bool]:
+    """`is_top_level()`: whether no JAX transform is tracing now (refs are made only
+    then: inside a transform a Variable holds the value it is given, and the graph
+    transforms write it back into the refs outside)."""
+    try:
+        from jax._src.core import trace_ctx
+
+        trace_ctx.is_top_level()
+    except (ImportError, AttributeError):
+        # Without it, a value that is not a tracer is taken as made outside transforms.
+        return lambda: True
+    return trace_ctx.is_top_level
+
+
+is_top_level = _top_level_check()
 
 
 class _Defaults(threading.local):

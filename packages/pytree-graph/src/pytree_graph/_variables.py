@@ -83,10 +83,14 @@ class _ArrayBackedKind(_Kind):
         return variable
 
     def cell(self, value: Any) -> list[Any]:
-        # Inside a trace the value is a tracer: the Variable holds it as it is (a graph
-        # transform passes values in and writes them back), and new refs would be local
-        # to the trace.
-        if isinstance(value, jax.core.Tracer) or _array_refs.holds_ref(value):
+        # Inside a transform the Variable holds the value as it is (a graph transform
+        # passes values in and writes them back into the refs outside; refs made here
+        # would be local to the trace, and could not be returned from `jax.jit`).
+        if (
+            isinstance(value, jax.core.Tracer)
+            or not _array_refs.is_top_level()
+            or _array_refs.holds_ref(value)
+        ):
             return RefCell([value])
         return RefCell([_array_refs.to_refs(value)])
 
@@ -648,7 +652,7 @@ class Variable:
     def __getitem__(self, index: Any) -> Any:
         # `_index` inlined: `v[...]` is the usual way to read an array Variable.
         value = self._pg_flat[0][0]
-        if index is Ellipsis and type(value) in _PYTHON_NUMBERS:
+        if index is Ellipsis and (type(value) in _WHOLE_TYPES or _is_whole(value)):
             return value
         return value[index]
 
@@ -890,9 +894,23 @@ def _placed(owner: str, value: Any, axes: Any, mesh: Any) -> Any:
 _PYTHON_NUMBERS = frozenset({bool, int, float, complex})
 
 
+# Values whose `[...]` is the value itself: Python numbers (as for a 0-d array) and JAX
+# arrays (immutable: indexing would copy, through a dispatch costing microseconds).
+_WHOLE_TYPES: set[type] = {*_PYTHON_NUMBERS}
+
+
+def _is_whole(value: Any) -> bool:
+    """Whether `value[...]` is `value` (its type is remembered, tracers' apart)."""
+    if not isinstance(value, jax.Array):
+        return False
+    if not isinstance(value, jax.core.Tracer):
+        _WHOLE_TYPES.add(type(value))
+    return True
+
+
 def _index(value: Any, index: Any) -> Any:
-    if index is Ellipsis and type(value) in _PYTHON_NUMBERS:
-        return value  # `v[...]` is the whole value, as for a 0-d array
+    if index is Ellipsis and (type(value) in _WHOLE_TYPES or _is_whole(value)):
+        return value
     return value[index]
 
 
