@@ -53,7 +53,7 @@ def test_ref_variable_basics(lib_):
     v[...] += 1
     assert v[...].tolist() == [6.0, 7.0] and float(v[1]) == 7.0
     assert isinstance(v.get_raw_value(), jax.Ref)
-    (path, leaf), = jax.tree_util.tree_flatten_with_path(v)[0]
+    ((path, leaf),) = jax.tree_util.tree_flatten_with_path(v)[0]
     assert path == (jax.tree_util.GetAttrKey("value"),) and isinstance(leaf, jax.Ref)
 
 

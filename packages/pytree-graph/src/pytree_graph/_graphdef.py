@@ -29,7 +29,6 @@ from ._state import _unflatten as _state_unflatten
 from ._variables import Variable, wrote_values
 
 
-
 class GraphDef:
     """The static structure of an object graph: everything but its Variables and arrays.
 

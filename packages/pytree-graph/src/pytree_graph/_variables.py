@@ -110,6 +110,8 @@ _MISSING: Any = object()
 # NNX name is read and written as another name for the same entry, so code written for
 # either library finds the axes and no Variable ever holds both.
 _SHARDING_ALIAS = "out_sharding"
+# The metadata entries saying a Variable is array-backed (see `Variable`).
+_FLAGS = ("ref", "hijax")
 
 
 def _entry_name(name: Any) -> Any:
@@ -236,6 +238,13 @@ class Variable:
     `with_metadata(init, out_sharding=axes)` store `sharding`, and `w.out_sharding` and
     `get_metadata("out_sharding")` read it.
 
+    With `ref=True` (or `hijax=True`, Flax NNX's other name; defaults from `var_defaults`)
+    the value is kept in JAX mutable array references (`jax.new_ref`; a dict or list value
+    gets one per array): JAX flattens the Variable to its refs, so inside plain `jax.jit`
+    a write (`v[...] = x`) goes into the ref and is seen outside without a write-back.
+    Reads give arrays; `get_raw_value()` gives the ref. `v.ref` / `v.hijax` say which (they
+    are metadata entries, kept only when true); `with_vars` converts a graph's Variables.
+
     Subclass it to make your own kinds of state: `class Count(Variable): pass`. A subclass
     may override `get_value` and `set_value` (calling `super()`) to change every read and
     write: `.value`, `v[...]`, operators and in-place operators go through them. The
@@ -244,6 +253,8 @@ class Variable:
 
     Arguments:
         value: the value to hold, or a `VariableMetadata` holding it and more metadata.
+        hijax: keep the value in JAX mutable array references (None: `var_defaults()`).
+        ref: the same (NNX's two names; both are recorded as given).
         **metadata: hashable values kept with it (e.g. `sharding`; with `mesh`, the value
             is laid out on that mesh).
 
@@ -554,15 +565,15 @@ class Variable:
     def _change_metadata(self, metadata: Mapping[str, Any], what: str) -> None:
         """Replace all metadata, after checking the trace and that the values are hashable."""
         current = self._pg_flat[1].metadata
-        for flag in ("ref", "hijax"):
+        for flag in _FLAGS:
             if metadata.get(flag, False) != current.get(flag, False):
                 raise ValueError(
                     f"Cannot {what} of a {type(self).__name__} to change {flag!r}: it says "
                     "where the value is kept (in JAX mutable array references or not). "
                     f"Make a new Variable with `with_vars(variable, {flag}=...)`."
                 )
-        if "ref" in metadata and not metadata["ref"] or "hijax" in metadata and not metadata["hijax"]:
-            metadata = {k: v for k, v in metadata.items() if not (k in ("ref", "hijax") and not v)}
+        # A false flag is the same as none: kept out, so the kind is a plain one's.
+        metadata = {k: v for k, v in metadata.items() if k not in _FLAGS or v}
         _guard(self, what)
         _set_flat(self, (self._pg_flat[0], _kind(self._pg_flat[1].cls, metadata)))
         touch()
