@@ -422,3 +422,22 @@ def test_warnings_free_normal_use():
         warnings.simplefilter("error")
         model = with_vars(Counter(), ref=True)
         jax.jit(lambda m: m(jnp.ones((1, 2))))(model)
+
+
+def test_jit_partial_sees_writes_made_by_plain_jit():
+    model = Counter(ref=True)
+
+    def step(model):
+        model.count[...] += 1
+        return model.count[...]
+
+    train = pg.jit_partial(step, model)
+
+    @jax.jit
+    def bump(model):
+        model.count[...] += 100
+
+    assert [int(train()) for _ in range(2)] == [1, 2]
+    bump(model)
+    bump(model)  # compiled: writes the ref, draws no stamp
+    assert int(train()) == 203 and int(model.count.value) == 203

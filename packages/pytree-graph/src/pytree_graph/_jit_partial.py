@@ -214,6 +214,7 @@ class _Binding:
     """
 
     __slots__ = (
+        "array_backed",
         "cached",
         "cells",
         "cells_of",
@@ -262,6 +263,10 @@ class _Binding:
         else:
             self.donated, self.kept = [], variables
             self.layout = _Layout(plan.structure, None)
+        # Array-backed Variables (their value list is a `RefCell`) can be written by
+        # plain `jax.jit` straight into their refs, which draws no `value_writes` stamp:
+        # their values are read anew for each call, never kept from the last.
+        self.array_backed = any(type(v._pg_flat[0]) is not list for v in variables)
         # One Variable of each JAX trace the Variables were made in, to check the call's.
         self.guards = list({id(v._pg_trace): v for v in variables}.values())
         # What the last full check saw (`JitPartial._checked_call`): the mutation count
@@ -346,7 +351,7 @@ class _Binding:
         stamp = wrote_values()
         # Kept only if no other write drew a stamp since the values were taken (another
         # thread's, during the call): the stamps are drawn in order, one per write.
-        if next_kept is not None and stamp == taken + 1:
+        if next_kept is not None and stamp == taken + 1 and not self.array_backed:
             self.next_donated = next_donated(values, donated) if self.donated else []
             self.next_kept = next_kept(values, kept)
             self.cells, self.cells_of = cells, writer

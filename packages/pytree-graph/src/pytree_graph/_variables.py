@@ -812,7 +812,7 @@ def _boxed_flags(
     """Take `hijax` and `ref` out of `metadata` (from a `VariableMetadata`), checking them
     against the keywords given."""
     given = {"hijax": hijax, "ref": ref}
-    for name in ("hijax", "ref"):
+    for name in _FLAGS:
         if name in metadata:
             boxed = bool(metadata.pop(name))
             if given[name] is not None and bool(given[name]) != boxed:
