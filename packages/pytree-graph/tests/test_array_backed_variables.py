@@ -441,3 +441,27 @@ def test_jit_partial_sees_writes_made_by_plain_jit():
     bump(model)
     bump(model)  # compiled: writes the ref, draws no stamp
     assert int(train()) == 203 and int(model.count.value) == 203
+
+
+def test_raw_ref_attribute_is_data():
+    class Holder(Module):
+        def __init__(self):
+            self.count = jax.new_ref(jnp.array(0))
+
+    holder = Holder()
+    assert jax.tree.leaves(holder) == [holder.count]
+
+    @jax.jit
+    def bump(holder):
+        holder.count[...] += 1
+
+    bump(holder)
+    bump(holder)
+    assert int(holder.count[...]) == 2
+
+    @pg.jit
+    def bump_graph(holder):
+        holder.count[...] += 1
+
+    bump_graph(holder)
+    assert int(holder.count[...]) == 3

@@ -13,6 +13,10 @@ from ._field import field
 _ARRAY_TYPES = SHAPED_TYPES
 _CONTAINER_TYPES = (list, tuple, dict)
 _data_types: tuple[type, ...] = ()
+# A JAX mutable array reference (`jax.new_ref`) is data, as in Flax NNX: plain `jax.jit`
+# then receives it as an argument, writes into it in place. (Compared by type: the
+# `isinstance` check of `jax.Ref` costs a microsecond; a traced ref is an array already.)
+_REF_TYPE: Any = getattr(jax, "Ref", None)
 _NO_VALUE = object()
 
 
@@ -51,12 +55,12 @@ def register_data_type(cls: type) -> type:
 def is_data(x: Any) -> bool:
     """Whether a value assigned to an unannotated Module attribute is inferred as data.
 
-    Data: JAX and NumPy arrays, Modules, registered data types (`register_data_type`),
-    lists, tuples and dicts holding any of those (at any depth), and empty lists, tuples and
-    dicts (also nested ones such as `[[], {}]`: they hold no leaves, so being data costs
-    nothing, and what is added to them later is seen by JAX). Everything else (ints,
-    floats, strings, callables, dtypes, ...), and containers holding only such values, is
-    static.
+    Data: JAX and NumPy arrays, JAX mutable array references (`jax.new_ref`), Modules,
+    registered data types (`register_data_type`), lists, tuples and dicts holding any of
+    those (at any depth), and empty lists, tuples and dicts (also nested ones such as
+    `[[], {}]`: they hold no leaves, so being data costs nothing, and what is added to
+    them later is seen by JAX). Everything else (ints, floats, strings, callables,
+    dtypes, ...), and containers holding only such values, is static.
 
     Arguments:
         x: any value.
@@ -78,6 +82,8 @@ def is_data(x: Any) -> bool:
 def _holds_data(x: Any) -> bool:
     """Whether `x` is, or contains at any depth, an array, Module or registered data type."""
     if isinstance(x, _ARRAY_TYPES) or (_data_types and isinstance(x, _data_types)):
+        return True
+    if type(x) is _REF_TYPE:
         return True
     if isinstance(x, dict):
         return any(_holds_data(v) for v in x.values())
