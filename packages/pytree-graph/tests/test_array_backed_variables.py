@@ -123,6 +123,11 @@ def test_hijax_structure_change_refused_inside_jit_allowed_outside():
     with pytest.raises(ValueError, match="Cannot change the structure"):
         add_key(v)
     assert set(v.value) == {"a"}
+    empty = Variable({}, hijax=True)
+    with pytest.raises(ValueError, match="Cannot change the structure"):
+        add_key(empty)
+    empty["c"] = jnp.array(3.0)  # outside: new refs
+    assert isinstance(empty.get_raw_value()["c"], jax.Ref)
     v["b"] = jnp.array(2.0)
     assert float(v["b"]) == 2.0
     assert isinstance(v.get_raw_value()["b"], jax.Ref)

@@ -152,26 +152,28 @@ class RefCell(list):
             if _can_hold(value) or _is_tracer(value):
                 raw[...] = value
                 return
-        elif not _can_hold(raw):
+        elif not _can_hold(raw):  # a pytree of refs (a dict value), or None
             raw_leaves, raw_def = jax.tree_util.tree_flatten(raw)
-            if any(map(is_ref, raw_leaves)):
-                leaves, treedef = jax.tree_util.tree_flatten(value)
-                if treedef == raw_def:
-                    for ref, leaf in zip(raw_leaves, leaves, strict=True):
-                        if is_ref(ref):
-                            ref[...] = leaf
-                    return
-                if any(map(_is_tracer, leaves)) or any(map(_is_tracer, raw_leaves)):
+            leaves, treedef = jax.tree_util.tree_flatten(value)
+            if treedef == raw_def and any(map(is_ref, raw_leaves)):
+                for ref, leaf in zip(raw_leaves, leaves, strict=True):
+                    if is_ref(ref):
+                        ref[...] = leaf
+                return
+            if any(map(_is_tracer, leaves)) or any(map(_is_tracer, raw_leaves)):
+                if treedef != raw_def:
+                    # Inside `jax.jit` the new value would be lost: no ref holds it.
                     raise ValueError(
                         f"Cannot change the structure of an array-backed Variable's value "
                         f"inside a JAX transform (from {raw_def} to {treedef}): its refs "
                         "were passed in, and new ones cannot be passed out. Keep the "
                         "structure (set the same keys), or change it outside the transform."
                     )
+            elif is_top_level():
                 list.__setitem__(self, index, to_refs(value))
                 return
-        # Nothing to write into (a value inside a graph transform, which holds the array
-        # itself, or a value no ref can hold): the value replaces the item.
+        # Nothing to write into (a value no ref can hold, or one set with
+        # `set_raw_value`): the value replaces the item.
         list.__setitem__(self, index, value)
 
     def raw(self) -> Any:

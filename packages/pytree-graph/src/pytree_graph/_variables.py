@@ -70,9 +70,10 @@ class _Kind:
 
 class _ArrayBackedKind(_Kind):
     """The kind of an array-backed Variable (`ref=True` or `hijax=True` in its metadata):
-    its value list is a `RefCell`, and values it is built from outside a trace are put
-    in new refs. (JAX's unflattening, `__call__`, keeps the leaves it is given: refs, or
-    whatever a `tree_map` made of them.)"""
+    built outside JAX transforms, its value is put in new refs and its value list is a
+    `RefCell`; built inside one, it holds the traced value in a plain list. (JAX's
+    unflattening, `__call__`, keeps the leaves it is given, the refs passed into a
+    `jax.jit` included, in a `RefCell`.)"""
 
     __slots__ = ()
 
@@ -83,14 +84,13 @@ class _ArrayBackedKind(_Kind):
         return variable
 
     def cell(self, value: Any) -> list[Any]:
-        # Inside a transform the Variable holds the value as it is (a graph transform
-        # passes values in and writes them back into the refs outside; refs made here
-        # would be local to the trace, and could not be returned from `jax.jit`).
-        if (
-            isinstance(value, jax.core.Tracer)
-            or not _array_refs.is_top_level()
-            or _array_refs.holds_ref(value)
-        ):
+        # Inside a transform the Variable holds the value as it is, in a plain list (a
+        # graph transform passes values in and writes them back into the refs outside;
+        # refs made here would be local to the trace, and could not be returned from
+        # `jax.jit`).
+        if isinstance(value, jax.core.Tracer) or not _array_refs.is_top_level():
+            return [value]
+        if _array_refs.holds_ref(value):
             return RefCell([value])
         return RefCell([_array_refs.to_refs(value)])
 
