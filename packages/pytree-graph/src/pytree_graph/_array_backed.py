@@ -143,6 +143,7 @@ def var_defaults(
     for name, value in new.items():
         if value is not None and not isinstance(value, bool):
             raise TypeError(f"var_defaults({name}=...) takes True, False or None, got {value!r}.")
+    _array_refs.defaults_set.on = True
     previous: dict[str, bool | None] = {}
     for name, value in new.items():
         stack = getattr(stacks, name)

@@ -55,6 +55,19 @@ class _Defaults(threading.local):
 defaults = _Defaults()
 
 
+class _Switch:
+    """Whether `var_defaults` ever set a default (in any thread): until then, making a
+    Variable skips reading the thread-local stacks (two reads, most of its cost here)."""
+
+    __slots__ = ("on",)
+
+    def __init__(self) -> None:
+        self.on = False
+
+
+defaults_set = _Switch()
+
+
 # `jax.Ref`, or None where the running JAX has no mutable array references. A concrete
 # ref's type is `jax.Ref` itself; `isinstance(x, jax.Ref)` also accepts tracers of refs,
 # through a metaclass check that costs a microsecond, so it is asked of tracers only.
@@ -80,20 +93,20 @@ def is_ref(x: Any) -> bool:
 
 # Types whose instances are never refs nor hold any: every Variable made asks, so the
 # usual answer is one set lookup (array types are added as they are met).
-_PLAIN_TYPES: set[type] = {*_NUMBERS, np.ndarray, type(None), str}
+PLAIN_TYPES: set[type] = {*_NUMBERS, np.ndarray, type(None), str}
 
 
 def holds_ref(value: Any) -> bool:
     """Whether `value` is a ref or a pytree with a ref among its leaves."""
     kind = type(value)
-    if kind in _PLAIN_TYPES:
+    if kind in PLAIN_TYPES:
         return False
     if kind is _REF:
         return True
     if isinstance(value, _Tracer):
         return is_ref(value)
     if _can_hold(value):
-        _PLAIN_TYPES.add(kind)
+        PLAIN_TYPES.add(kind)
         return False
     return any(map(is_ref, jax.tree_util.tree_leaves(value)))
 

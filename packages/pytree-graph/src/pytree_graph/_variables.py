@@ -24,7 +24,9 @@ from pytree_module.extend import (
 )
 
 from . import _array_refs
-from ._array_refs import RefCell
+from ._array_refs import PLAIN_TYPES, RefCell
+from ._array_refs import defaults as _defaults
+from ._array_refs import defaults_set as _defaults_set
 from ._axis_rules import to_mesh_axes
 from ._static import static_key
 
@@ -297,18 +299,19 @@ class Variable:
                 "cannot hold another Variable. Pass its `.value`, or share the Variable "
                 "itself by assigning it."
             )
-        if hijax is None or ref is None:
-            defaults = _array_refs.defaults
+        if _defaults_set.on:
             if hijax is None:
-                hijax = defaults.hijax[-1] if defaults.hijax else False
+                stack = _defaults.hijax
+                hijax = stack[-1] if stack else False
             if ref is None:
-                ref = defaults.ref[-1] if defaults.ref else False
+                stack = _defaults.ref
+                ref = stack[-1] if stack else False
         if hijax or ref:
             _array_refs.require_refs(
                 f"{type(self).__name__}(..., {'ref' if ref else 'hijax'}=True)"
             )
             metadata = _with_flags(metadata, hijax, ref)
-        if _array_refs.holds_ref(value):
+        if type(value) not in PLAIN_TYPES and _array_refs.holds_ref(value):
             raise ValueError(
                 f"{type(self).__name__}(...) got a JAX mutable array reference (jax.Ref): "
                 "a Variable makes its own refs. Pass the array (`r[...]`) with `ref=True`."
@@ -316,7 +319,8 @@ class Variable:
         kind = _kind(type(self), metadata)
         if "mesh" in metadata:
             value = _placed(type(self).__name__, value, metadata.get("sharding"), metadata["mesh"])
-        _set_flat(self, (kind.cell(value), kind))
+        # (Only an array-backed kind, made when `hijax` or `ref` is true, needs its `cell`.)
+        _set_flat(self, (kind.cell(value) if hijax or ref else [value], kind))
         _set_trace(self, current_trace_token())
         wrote_values()  # (only `__init__` called again on a Variable makes it a write)
         # Called again on a live Variable, `__init__` gives it new metadata and a new
