@@ -14,7 +14,7 @@ from ._boundary import Call, Inside
 from ._errors import check_callable
 from ._graph_mode import resolve_modes
 from ._tangents import Differentiated
-from ._tree_transforms import simple_grad
+from ._tree_transforms import Wrapped, simple_grad
 from ._variables import Param
 
 
@@ -333,7 +333,7 @@ def grad(
         value, grads = inner(*args, **kwargs)
         return (grads, value[1]) if has_aux else grads
 
-    return _Bound(gradient)
+    return Wrapped(gradient)
 
 
 def _check_tree_wrt(transform: str, wrt: Any) -> None:
@@ -345,19 +345,6 @@ def _check_tree_wrt(transform: str, wrt: Any) -> None:
             "use wrt=, or pass only what to differentiate (e.g. `pytree_graph.state(model, "
             "filter)`) as the argument."
         )
-
-
-class _Bound(BindsAsMethod):
-    """A plain function that binds like a method as a class attribute."""
-
-    __slots__ = ("__dict__", "_fun")
-
-    def __init__(self, fun: Callable[..., Any]):
-        self._fun = fun
-        functools.update_wrapper(self, fun, updated=())
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._fun(*args, **kwargs)
 
 
 for _function in (grad, value_and_grad):
