@@ -112,8 +112,21 @@ def test_jit_tree_mode_takes_static_argnums_and_donate_argnames():
     m = Counter()
     f = pg.jit(lambda m, k: m.w.value * k, graph=False, static_argnums=1)
     assert f(m, 3).tolist() == [3.0, 3.0]
-    with pytest.raises(TypeError, match="does not take `static_argnums`"):
-        pg.jit(lambda m, k: m, static_argnums=1)
+
+
+def test_jit_tree_mode_infers_static_numbers_from_names_and_back():
+    m = Counter()
+
+    def f(m, k, flag=False):
+        return m.w.value * k if flag else m.w.value
+
+    # `flag` passed by position is static through its name (a traced bool would raise).
+    by_name = pg.jit(f, graph=False, static_argnames="flag")
+    assert by_name(m, 2.0, True).tolist() == [2.0, 2.0]
+    by_number = pg.jit(f, graph=False, static_argnums=2)
+    assert by_number(m, 2.0, flag=True).tolist() == [2.0, 2.0]
+    with pytest.raises(ValueError, match="static_argnames names 'nope'"):
+        pg.jit(f, graph=False, static_argnames="nope")
 
 
 def test_jit_tree_mode_donation_keeps_the_callers_variables_alive():

@@ -16,12 +16,13 @@ from ._aliases import check_one_spec, lift_recording_aliases
 from ._argument_specs import NO_ENTRY, PerArgumentSpecs, SpecTable, leaves_of
 from ._boundary import Call, Inside
 from ._error_names import rename_in_error
-from ._errors import check_callable, donated_positions
+from ._errors import check_callable
 from ._graph_mode import resolve_modes
 from ._graphdef import GraphDef
 from ._lift import LiftedCall, Reordered
 from ._lift_cache import lift_cache
 from ._outcome import NOTHING_CHANGED, Outcome, ValuesChanged
+from ._static_args import donated_arguments, static_arguments
 from ._tree_transforms import SimpleJit
 from ._variables import Variable
 
@@ -35,8 +36,14 @@ class _GraphJit(BindsAsMethod):
         self._jit_kwargs = dict(jit_kwargs)
         self._constructors: dict[type, _GraphJit] = {}
         self._constructing = 0  # > 0 while a constructor of `_initialise` is traced
-        donate = jit_kwargs.pop("donate_argnums", ())
-        self._donate = donated_positions(donate, fun, "jit")
+        static_args = self._static = static_arguments(
+            fun, jit_kwargs.pop("static_argnums", None), jit_kwargs.pop("static_argnames", None),
+            "jit",
+        )
+        self._donate = donated_arguments(
+            fun, jit_kwargs.pop("donate_argnums", None), jit_kwargs.pop("donate_argnames", None),
+            "jit", static_args,
+        )
         in_shardings = jit_kwargs.pop("in_shardings", None)
         out_shardings = jit_kwargs.pop("out_shardings", None)
         layout = (
@@ -45,19 +52,30 @@ class _GraphJit(BindsAsMethod):
             else _Shardings(call, in_shardings, out_shardings)
         )
 
-        def pure(graphdef: GraphDef | Reordered, values: list[Any]) -> Any:
+        def run(inside: Inside, statics: tuple | None) -> Any:
+            if statics is None:
+                return call.run(inside.tree)
+            # The static arguments go back where the lifted tree holds `None` for them.
+            static_args.check(statics)  # once per trace: a Module given static is refused
+            *fun_part, args, kwargs = inside.tree
+            return call.run((*fun_part, *static_args.insert(args, kwargs, statics)))
+
+        def pure(graphdef: GraphDef | Reordered, values: list[Any], statics: Any = None) -> Any:
             if layout is None:
                 inside = Inside(graphdef, values)
-                return inside.finish(call.run(inside.tree))
+                return inside.finish(run(inside, statics))
             inside = layout.enter(graphdef, values)
-            outcome, out_values = inside.finish(call.run(inside.tree))
+            outcome, out_values = inside.finish(run(inside, statics))
             return outcome, layout.outputs(inside, outcome, out_values)
 
-        def pure_donating(graphdef: GraphDef, donated: list[Any], kept: list[Any], mask: tuple):
+        def pure_donating(
+            graphdef: GraphDef, donated: list[Any], kept: list[Any], mask: tuple,
+            statics: Any = None,
+        ):
             donated_values, kept_values = iter(donated), iter(kept)
             values = [next(donated_values if d else kept_values) for d in mask]
             inside = Inside(graphdef, values) if layout is None else layout.enter(graphdef, values)
-            outcome, out_values = inside.finish(call.run(inside.tree))
+            outcome, out_values = inside.finish(run(inside, statics))
             # A donated Variable the function did not write still needs a live value.
             donated = tuple(p for p, d in enumerate(mask) if d)
             outcome, out_values = return_donated(inside, outcome, out_values, donated)
@@ -65,9 +83,15 @@ class _GraphJit(BindsAsMethod):
                 return outcome, out_values
             return outcome, layout.outputs(inside, outcome, out_values)
 
-        self._jitted = jax.jit(pure, **jit_kwargs)
+        # The statics, where there are any, come last: a static argument of `jax.jit`.
+        self._jitted = jax.jit(
+            pure, static_argnums=() if static_args is None else 2, **jit_kwargs
+        )
         self._jitted_donating = jax.jit(
-            pure_donating, static_argnums=3, donate_argnums=1, **jit_kwargs
+            pure_donating,
+            static_argnums=3 if static_args is None else (3, 4),
+            donate_argnums=1,
+            **jit_kwargs,
         )
         functools.update_wrapper(self, fun, updated=())
 
@@ -80,6 +104,8 @@ class _GraphJit(BindsAsMethod):
             and is_pytree_class(type(args[0]))
         ):
             return self._initialise(args[0], args[1:], kwargs)
+        if self._static is not None:
+            return self._call_with_statics(args, kwargs)
         lifted = lift_cache.find(self._call.tree(args, kwargs))
         if not self._donate:
             try:
@@ -97,6 +123,25 @@ class _GraphJit(BindsAsMethod):
             self._rename_in_error(error, lifted, inputs[3])
             raise
         return lifted.apply(outcome, values)
+
+    def _call_with_statics(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """A call of a jit with static arguments: they are passed to `jax.jit` apart."""
+        lifted, jitted, inputs = self._stage(args, kwargs)
+        try:
+            outcome, values = jitted(*inputs)
+        except Exception as error:
+            self._explain_statics(error, inputs[-1])
+            self._rename_in_error(error, lifted, inputs[3] if self._donate else None)
+            raise
+        return lifted.apply(outcome, values)
+
+    def _explain_statics(self, error: Exception, statics: tuple) -> None:
+        """Name the static argument an error of `jax.jit` (it hashes them) is about."""
+        if isinstance(error, TypeError | ValueError):
+            try:
+                self._static.check(statics)
+            except TypeError as named:
+                raise named from error
 
     def _donating_inputs(self, lifted: LiftedCall) -> tuple[GraphDef, list, list, tuple]:
         """The arguments of the donating jitted function: `(graphdef, donated, kept, mask)`."""
@@ -116,9 +161,11 @@ class _GraphJit(BindsAsMethod):
         try:
             traced = jitted.trace(*inputs)
         except Exception as error:
+            if self._static is not None:
+                self._explain_statics(error, inputs[-1])
             self._rename_in_error(error, lifted, inputs[3] if self._donate else None)
             raise
-        return Traced(traced, self._compiled_caller(lifted))
+        return Traced(traced, self._compiled_caller(inputs))
 
     def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
         """Trace and lower for these arguments, for ahead-of-time compilation (as
@@ -144,9 +191,11 @@ class _GraphJit(BindsAsMethod):
         try:
             lowered = jitted.lower(*inputs)
         except Exception as error:
+            if self._static is not None:
+                self._explain_statics(error, inputs[-1])
             self._rename_in_error(error, lifted, inputs[3] if self._donate else None)
             raise
-        return Lowered(lowered, self._compiled_caller(lifted))
+        return Lowered(lowered, self._compiled_caller(inputs))
 
     def _stage(self, args: tuple, kwargs: dict[str, Any]) -> tuple[LiftedCall, Any, tuple]:
         """A call's lifted arguments, the jitted function it runs, and that one's inputs."""
@@ -160,36 +209,46 @@ class _GraphJit(BindsAsMethod):
                 "A jitted `__init__` cannot be lowered ahead of time: lower a function "
                 "that builds the object instead, `jit(lambda *a: Model(*a)).lower(...)`."
             )
+        statics = None
+        if self._static is not None:
+            args, kwargs, statics = self._static.split(args, kwargs)
         lifted = lift_cache.find(self._call.tree(args, kwargs))
         if self._donate:
-            return lifted, self._jitted_donating, self._donating_inputs(lifted)
-        return lifted, self._jitted, lifted.jit_inputs()
+            jitted, inputs = self._jitted_donating, self._donating_inputs(lifted)
+        else:
+            jitted, inputs = self._jitted, lifted.jit_inputs()
+        if statics is not None:
+            inputs = (*inputs, statics)
+        return lifted, jitted, inputs
 
-    def _compiled_caller(self, staged: LiftedCall) -> Callable[..., Any]:
-        """How a `Compiled` of the call `staged` runs a call: lift the arguments, check
-        they have the structure it was compiled for, run it, write back."""
-        key = self._stage_key(staged)
+    def _compiled_caller(self, staged: tuple) -> Callable[..., Any]:
+        """How a `Compiled` of a call with the jitted function's inputs `staged` runs a
+        call: lift the arguments, check they have the structure (and statics) it was
+        compiled for, run it, write back."""
+        key = self._compiled_key(staged)
 
         def call(compiled: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
             lifted, _, inputs = self._stage(args, kwargs)
-            if self._stage_key(lifted) != key:
+            if self._compiled_key(inputs) != key:
                 raise ValueError(
                     f"This compiled {self._fun.__name__!r} was lowered for arguments of "
                     "another structure (objects, static attributes, Variable types or "
-                    "metadata, or non-array arguments differ). Lower it again for these "
+                    "metadata, or non-array or static arguments differ). Lower it again for these "
                     "arguments, or call the jitted function, which compiles as needed."
                 )
-            # The donating function's mask is a static argument: not passed to the program.
-            outcome, values = compiled(*(inputs[:3] if self._donate else inputs))
+            # The donating function's mask and the static arguments are static arguments
+            # of `jax.jit`: not passed to the program.
+            outcome, values = compiled(*inputs[: 3 if self._donate else 2])
             return lifted.apply(outcome, values)
 
         return call
 
-    def _stage_key(self, lifted: LiftedCall) -> Any:
-        """What must be equal for a compiled program to take a call: its structure."""
+    def _compiled_key(self, inputs: tuple) -> Any:
+        """What must be equal for a compiled program to take a call: the structure,
+        which values are donated, and the static arguments."""
         if self._donate:
-            return self._donating_inputs(lifted)[::3]
-        return lifted.jit_inputs()[0]
+            return (inputs[0], *inputs[3:])
+        return (inputs[0], *inputs[2:])
 
     def _rename_in_error(self, error: Exception, lifted: LiftedCall, mask: tuple | None) -> None:
         """Name the user's function and values in an error raised while tracing."""
@@ -216,7 +275,7 @@ class _GraphJit(BindsAsMethod):
                 "attributes already). Compile the subclass's `__init__` instead, or a "
                 "function that builds the object: `jit(lambda *a: Model(*a))(...)`."
             )
-        for option in ("in_shardings", "out_shardings", "donate_argnums"):
+        for option in _NOT_FOR_INIT:
             if option in self._jit_kwargs:
                 raise TypeError(
                     f"pytree_graph.jit on {cls.__name__}.__init__ does not take `{option}`: "
@@ -414,13 +473,6 @@ def jit(
         2
     """
     graph, graph_updates = resolve_modes(graph, graph_updates)
-    if graph and graph_updates:
-        for option, why in _REFUSED_OPTIONS.items():
-            if option in jit_kwargs:
-                raise TypeError(
-                    f"pytree_graph.jit does not take `{option}`: {why} (Tree mode, "
-                    "`graph=False`, takes it.)"
-                )
     if fun is None:
         return functools.partial(jit, graph=graph, graph_updates=graph_updates, **jit_kwargs)
     check_callable(fun, "jit")
@@ -429,15 +481,16 @@ def jit(
     return _GraphJit(fun, jit_kwargs)
 
 
-# jax.jit options that name the arguments of the function it compiles: here that function
-# takes the call's structure and values, not the user's arguments.
-_REFUSED_OPTIONS = {
-    "static_argnums": "every argument that is not an array, Module or Variable is "
-    "static already (and arrays are always traced).",
-    "static_argnames": "every argument that is not an array, Module or Variable is "
-    "static already (and arrays are always traced).",
-    "donate_argnames": "donate by position with `donate_argnums`.",
-}
+# Options a jitted `__init__` refuses: they name the arguments of the function that
+# builds the object, which a separate `jit` of that function takes.
+_NOT_FOR_INIT = (
+    "in_shardings",
+    "out_shardings",
+    "donate_argnums",
+    "donate_argnames",
+    "static_argnums",
+    "static_argnames",
+)
 
 
 def _is_sharding(value: Any) -> bool:

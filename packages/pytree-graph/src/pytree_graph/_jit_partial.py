@@ -50,12 +50,11 @@ from pytree_transforms.extend import BindsAsMethod
 
 from ._boundary import Call, Inside
 from ._error_names import rename_in_error
-from ._errors import check_callable, donated_positions
+from ._errors import check_callable
 from ._eval_shape import eval_shape
 from ._graph_mode import resolve_modes
 from ._graphdef import Builder, GraphDef, check_writable
 from ._jit import (
-    _REFUSED_OPTIONS,
     Lowered,
     Traced,
     _constrain,
@@ -68,6 +67,7 @@ from ._lift import LiftedCall, LiftPlan, Reordered
 from ._lift_cache import CHECK_HITS, CachedWalk, Checks, _check_hit
 from ._outcome import Outcome, ValuesChanged
 from ._static import Static
+from ._static_args import StaticArguments, donated_arguments, static_arguments
 from ._traverse import GraphWalk
 from ._tree_transforms import SimpleJit, SimplePartial
 from ._variables import Variable, value_writes, wrote_values
@@ -201,6 +201,44 @@ def _split_argument(value: Any, name: str, function: str) -> tuple[list[Any], tu
     if len(arrays) == 1 and not statics and treedef.num_nodes == 1:
         _array_types.add(type(value))  # a plain array: passed as it is from now on
     return arrays, (treedef, tuple(mask), tuple(statics))
+
+
+_WHOLE = jax.tree_util.tree_structure(0)  # a pytree of one leaf: a static argument
+
+
+def _static_argument(static: StaticArguments, value: Any, at: int | str) -> tuple[list, tuple]:
+    """A static per-step argument (at position or name `at`): no arrays, and the spec of
+    one static leaf, the whole value (hashed and compared as `jax.jit`'s statics)."""
+    static.check_value(at, value)
+    return [], (_WHOLE, (False,), (Static(value),))
+
+
+def bound_static_arguments(
+    fun: Callable[..., Any], num_bound: int, argnums: Any, argnames: Any
+) -> StaticArguments | None:
+    """`jit_partial`'s static arguments (numbered as `fun`'s positional arguments, the
+    bound ones first), refusing a bound one: it is a Module or Variable, which a call
+    lifts and writes back.
+
+    Raises:
+        TypeError: a bound argument named static, or an option of the wrong type.
+        ValueError: a position or name `fun` does not have.
+    """
+    static = static_arguments(fun, argnums, argnames, "jit_partial")
+    if static is None:
+        return None
+    names = list(inspect.signature(fun).parameters)[:num_bound] if num_bound else []
+    bound = [p for p in static.positions if p < num_bound] + [
+        n for n in static.names if n in names
+    ]
+    if bound:
+        raise TypeError(
+            f"jit_partial({static.fun_name}, ...): argument {bound[0]!r} is bound, so it "
+            "cannot be static: bound arguments are Modules and Variables, lifted and "
+            "written back on every call. Name only per-step arguments in static_argnums "
+            f"/ static_argnames (positions from {num_bound} on, the bound ones first)."
+        )
+    return static
 
 
 class _Binding:
@@ -408,9 +446,6 @@ class JitPartial(BindsAsMethod):
 
     def __init__(self, fun: Callable[..., Any], bound: tuple, jit_kwargs: dict[str, Any]):
         name = getattr(fun, "__name__", type(fun).__name__)
-        for option, why in _REFUSED_OPTIONS.items():
-            if option in jit_kwargs:
-                raise TypeError(f"jit_partial does not take `{option}`: {why}")
         for i, value in enumerate(bound):
             if not isinstance(value, _GRAPH_NODES):
                 raise TypeError(
@@ -432,9 +467,17 @@ class JitPartial(BindsAsMethod):
         self._name = name
         self._bound = bound
         self._call = call = Call(fun)
-        donate = jit_kwargs.pop("donate_argnums", ())
-        self._donate = donated_positions(donate, fun, "jit_partial")
         num_bound = len(bound)
+        self._static = static = bound_static_arguments(
+            fun, num_bound, jit_kwargs.pop("static_argnums", None),
+            jit_kwargs.pop("static_argnames", None),
+        )
+        donate = donated_arguments(
+            fun, jit_kwargs.pop("donate_argnums", None), jit_kwargs.pop("donate_argnames", None),
+            "jit_partial", static,
+        )
+        # Bound arguments are positional: their Variables' values are donated by position.
+        self._donate = frozenset(d for d in donate if type(d) is int)
         shardings, step_shardings = _split_shardings(
             call,
             num_bound,
@@ -469,7 +512,11 @@ class JitPartial(BindsAsMethod):
                 values = shardings.outputs(inside, outcome, values)
             return outcome, list(values)  # a list: a call passes on a slice of it
 
-        self._jitted = jax.jit(pure, donate_argnums=donate_argnums, **jit_kwargs)
+        # Per-step arguments passed by keyword are donated by name (their arrays' lists).
+        donate_argnames = tuple(sorted(d for d in donate if type(d) is str))
+        self._jitted = jax.jit(
+            pure, donate_argnums=donate_argnums, donate_argnames=donate_argnames, **jit_kwargs
+        )
         self._binding = _Binding(call, bound, self._donate)
         functools.update_wrapper(self, fun, updated=())
 
@@ -484,6 +531,7 @@ class JitPartial(BindsAsMethod):
             and binding.trace is current_trace_token()
             and (binding.same_containers is None or binding.same_containers())
             and _plain_arrays(args, kwargs)
+            and self._static is None
         ):
             called_with = donated, kept, _ = binding.next_donated, binding.next_kept, stamp
             try:
@@ -507,7 +555,7 @@ class JitPartial(BindsAsMethod):
         if binding.cached is not None and not CHECK_HITS:
             binding.epoch, binding.trace = epoch, trace
         step_args, step_kwargs, statics = args, kwargs, None
-        if not _plain_arrays(args, kwargs):
+        if self._static is not None or not _plain_arrays(args, kwargs):
             step_args, step_kwargs, statics = self._split_step(args, kwargs)
         called_with = donated, kept, _ = binding.values()
         try:
@@ -523,16 +571,24 @@ class JitPartial(BindsAsMethod):
         """The per-step arguments as lists of their arrays, and their static rest (None,
         and the arguments as they are, where they are all plain arrays: the form later
         calls take without splitting, so that the first call compiles the same program)."""
+        static = self._static
+        num_bound = len(self._bound)
         arg_arrays, arg_specs = [], []
         for i, arg in enumerate(args):
-            arrays, spec = _split_argument(arg, f"args[{i}]", self._name)
+            if static is not None and num_bound + i in static.positions:
+                arrays, spec = _static_argument(static, arg, num_bound + i)
+            else:
+                arrays, spec = _split_argument(arg, f"args[{i}]", self._name)
             arg_arrays.append(arrays)
             arg_specs.append(spec)
         kwarg_arrays, kwarg_specs = {}, []
         for name in sorted(kwargs):
-            kwarg_arrays[name], spec = _split_argument(kwargs[name], repr(name), self._name)
+            if static is not None and name in static.names:
+                kwarg_arrays[name], spec = _static_argument(static, kwargs[name], name)
+            else:
+                kwarg_arrays[name], spec = _split_argument(kwargs[name], repr(name), self._name)
             kwarg_specs.append((name, spec))
-        if _plain_arrays(args, kwargs):
+        if static is None and _plain_arrays(args, kwargs):
             return args, kwargs, None
         return tuple(arg_arrays), kwarg_arrays, _StepStatics(tuple(arg_specs), tuple(kwarg_specs))
 
@@ -767,6 +823,11 @@ def jit_partial(
     check_callable(fun, "jit_partial")
     graph, graph_updates = resolve_modes(graph, graph_updates)
     if not (graph and graph_updates):
+        # A bound argument named static is refused here too (checked, not kept).
+        bound_static_arguments(
+            fun, len(partial_args), jit_kwargs.get("static_argnums"),
+            jit_kwargs.get("static_argnames"),
+        )
         return SimplePartial(SimpleJit(fun, graph, jit_kwargs), partial_args)
     return JitPartial(fun, partial_args, dict(jit_kwargs))
 

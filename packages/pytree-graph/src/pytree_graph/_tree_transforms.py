@@ -28,6 +28,7 @@ from pytree_module.extend import touch
 from pytree_transforms.extend import BindsAsMethod
 
 from ._argument_specs import FilterSpecs
+from ._errors import resolve_argnums
 from ._graphdef import check_writable, merge
 from ._state import State
 from ._tree_form import NodeState, from_tree, to_tree
@@ -375,12 +376,18 @@ class SimpleJit(BindsAsMethod):
         out_shardings = jit_kwargs.get("out_shardings")
         refuse_state_prefixes(in_shardings, "in_shardings", "jit")
         refuse_state_prefixes(out_shardings, "out_shardings", "jit")
-        donate = jit_kwargs.get("donate_argnums", ())
-        self._donate = frozenset((donate,) if isinstance(donate, int) else donate)
-        names = jit_kwargs.get("donate_argnames", ())
-        self._donate_names = frozenset((names,) if isinstance(names, str) else names)
-        static = jit_kwargs.get("static_argnums", ())
-        static = sorted((static,) if isinstance(static, int) else static)
+        # Numbers and names, each inferred from the other through `fun`'s signature (the
+        # pure function `jax.jit` sees takes `*args, **kwargs`, so it cannot infer them).
+        for option in ("static", "donate"):
+            argnums = jit_kwargs.pop(f"{option}_argnums", None)
+            argnames = jit_kwargs.pop(f"{option}_argnames", None)
+            if argnums is not None or argnames is not None:
+                positions, names = resolve_argnums(fun, argnums, argnames, option, "jit")
+                jit_kwargs[f"{option}_argnums"] = tuple(sorted(positions))
+                jit_kwargs[f"{option}_argnames"] = tuple(sorted(names))
+        self._donate = frozenset(jit_kwargs.get("donate_argnums", ()))
+        self._donate_names = frozenset(jit_kwargs.get("donate_argnames", ()))
+        static = sorted(jit_kwargs.get("static_argnums", ()))
         # `in_shardings` has no entry for a static argument: the pure function's prefix has.
         prefix = in_shardings
         if isinstance(in_shardings, tuple | list) and static:
