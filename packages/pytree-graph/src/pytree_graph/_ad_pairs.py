@@ -1,5 +1,6 @@
 """`vjp` and `jvp` for functions of object graphs: (co)tangents of Modules as States."""
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -67,22 +68,26 @@ def _pure(
 
 
 def vjp(
-    fun: Callable[..., Any],
+    fun: Callable[..., Any] | None = None,
     *primals: Any,
     has_aux: bool = False,
     graph: bool | None = None,
     graph_updates: bool | None = None,
-) -> tuple:
+) -> Any:
     """`jax.vjp` for functions of Modules and Variables: cotangents of Modules as States.
 
     `fun` runs once, now: Variables it writes (batch statistics, counters) are written
     back to the caller's objects then, and calling `vjp_fn` runs only the backward pass,
     writing nothing. {what}
 
+    As Flax NNX's, it is also a decorator: `vjp(f)` (no primals) is the function
+    `g(*primals)` that returns `vjp(f, *primals)`, and `vjp(has_aux=True)` (no function)
+    decorates a function so.
+
     Arguments:
         fun: the function; it returns arrays (or `(out, aux)` with `has_aux`, where
-            `aux` may hold anything, Modules included).
-        *primals: its positional arguments.
+            `aux` may hold anything, Modules included). Omit it to get a decorator.
+        *primals: its positional arguments. Omit them to get the function of them.
         has_aux: whether `fun` returns `(out, aux)`.
         graph: `False` for tree mode: `jax.vjp` over the primals as pytrees; a Module's
             cotangent is Module-shaped (every floating-point leaf differentiated), Variable
@@ -92,7 +97,8 @@ def vjp(
             `set_graph_updates`.
 
     Returns:
-        `(out, vjp_fn)`, or `(out, vjp_fn, aux)`. `vjp_fn(cotangent)` takes a cotangent
+        `(out, vjp_fn)`, or `(out, vjp_fn, aux)` (without primals: the function of
+        them, without `fun`: a decorator). `vjp_fn(cotangent)` takes a cotangent
         with the structure of `out` (None for a zero one) and returns a tuple with one
         cotangent per primal: for a primal holding Modules a `State` of its
         differentiated Variables (as `grad` returns), for any other its own structure
@@ -109,8 +115,24 @@ def vjp(
         >>> grads, x_grad = vjp_fn(jnp.array(1.0))
         >>> float(out), float(grads["w"].value), float(x_grad)
         (6.0, 2.0, 3.0)
+        >>> @vjp(has_aux=True)
+        ... def scaled(m, x):
+        ...     return m.w.value * x, "aux"
+        >>> out, vjp_fn, aux = scaled(Scale(), jnp.array(2.0))
+        >>> float(out), aux
+        (6.0, 'aux')
     """
     graph, graph_updates = resolve_modes(graph, graph_updates)
+    if fun is None:
+        if primals:
+            raise TypeError(
+                "vjp: primals were given but no function: call vjp(f, *primals), or "
+                "vjp(f)(*primals)."
+            )
+        return functools.partial(vjp, has_aux=has_aux, graph=graph, graph_updates=graph_updates)
+    check_callable(fun, "vjp")
+    if not primals:
+        return _of_primals(vjp, fun, has_aux, graph, graph_updates)
     if not (graph and graph_updates):
         return simple_vjp(fun, graph, primals, has_aux)
     call, differentiated, lifted, selected = _prepare("vjp", fun, primals)
@@ -138,6 +160,25 @@ def vjp(
     return (value, vjp_fn, aux) if has_aux else (value, vjp_fn)
 
 
+def _of_primals(
+    transform: Callable[..., Any], fun: Callable[..., Any], has_aux: bool, graph: bool,
+    graph_updates: bool,
+) -> Callable[..., Any]:
+    """`transform` (`vjp` or `jvp`) of `fun`, as the function of the remaining arguments."""
+
+    def of_primals(*args: Any) -> Any:
+        if not args:
+            raise TypeError(
+                f"{transform.__name__}({getattr(fun, '__name__', 'f')}) takes the "
+                + ("primals: call it as g(*primals)." if transform is vjp
+                   else "primals and tangents: call it as g(primals, tangents).")
+            )
+        return transform(fun, *args, has_aux=has_aux, graph=graph, graph_updates=graph_updates)
+
+    functools.update_wrapper(of_primals, fun, updated=())
+    return of_primals
+
+
 def _is_none(x: Any) -> bool:
     return x is None
 
@@ -158,14 +199,14 @@ def _cotangent(i: int, given: Any, out: Any) -> Any:
 
 
 def jvp(
-    fun: Callable[..., Any],
-    primals: tuple[Any, ...],
-    tangents: tuple[Any, ...],
+    fun: Callable[..., Any] | None = None,
+    primals: tuple[Any, ...] | None = None,
+    tangents: tuple[Any, ...] | None = None,
     *,
     has_aux: bool = False,
     graph: bool | None = None,
     graph_updates: bool | None = None,
-) -> tuple:
+) -> Any:
     """`jax.jvp` for functions of Modules and Variables: tangents of Modules as States.
 
     {what} The tangent of a primal holding Modules is a `State` of some of its
@@ -173,9 +214,15 @@ def jvp(
     from `pytree_graph.state(model, Param)`); the Variables it leaves out get a zero
     tangent. Variables `fun` writes are written back to the caller's objects.
 
+    As Flax NNX's, it is also a decorator: `jvp(f)` (no primals and tangents) is the
+    function `g(primals, tangents)` that returns `jvp(f, primals, tangents)`, and
+    `jvp(has_aux=True)` (no function) decorates a function so.
+
     Arguments:
-        fun: the function; it returns arrays (or `(out, aux)` with `has_aux`).
-        primals: its positional arguments, a tuple.
+        fun: the function; it returns arrays (or `(out, aux)` with `has_aux`). Omit it
+            to get a decorator.
+        primals: its positional arguments, a tuple (omitted with `tangents`: the
+            function of both).
         tangents: one per primal: a State for a primal holding Modules; for any other,
             its own structure with a tangent for each floating-point array (Variables
             holding theirs) and None for a zero one. None stands for a whole zero tangent.
@@ -188,7 +235,8 @@ def jvp(
             `set_graph_updates`.
 
     Returns:
-        `(out, tangent_out)`, or `(out, tangent_out, aux)`.
+        `(out, tangent_out)`, or `(out, tangent_out, aux)` (without primals and
+        tangents: the function of them; without `fun`: a decorator).
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -202,7 +250,28 @@ def jvp(
         >>> out, tangent = jvp(lambda m, x: m.w.value * x, (model, jnp.array(2.0)), (dw, None))
         >>> float(out), float(tangent)
         (6.0, 2.0)
+        >>> scaled = jvp(lambda m, x: m.w.value * x)
+        >>> float(scaled((model, jnp.array(2.0)), (dw, None))[1])
+        2.0
     """
+    if fun is None:
+        if primals is not None or tangents is not None:
+            raise TypeError(
+                "jvp: primals and tangents were given but no function: call "
+                "jvp(f, primals, tangents), or jvp(f)(primals, tangents)."
+            )
+        graph, graph_updates = resolve_modes(graph, graph_updates)
+        return functools.partial(jvp, has_aux=has_aux, graph=graph, graph_updates=graph_updates)
+    check_callable(fun, "jvp")
+    if primals is None and tangents is None:
+        graph, graph_updates = resolve_modes(graph, graph_updates)
+        return _of_primals(jvp, fun, has_aux, graph, graph_updates)
+    if primals is None or tangents is None:
+        missing = "primals" if primals is None else "tangents"
+        raise TypeError(
+            f"jvp: {missing} missing: give both, jvp(f, primals, tangents), or neither, "
+            "jvp(f), for the function `g(primals, tangents)`."
+        )
     if not isinstance(primals, tuple | list) or not isinstance(tangents, tuple | list):
         raise TypeError(
             "jvp expects `primals` and `tangents` as tuples, one entry per positional "
