@@ -12,7 +12,16 @@ from ._boundary import Call, Inside
 from ._errors import check_callable
 from ._graph_mode import resolve_modes
 from ._tree_transforms import simple_vmap
-from ._vmap import StateAxes, lift_with_axes
+from ._vmap import (
+    LeafAxes,
+    check_axes,
+    check_output_items,
+    join_by_axis,
+    lift_with_axes,
+    output_leaves,
+    spec_at,
+    split_by_axis,
+)
 
 _REFUSED = {
     "static_broadcasted_argnums": "arguments that are not arrays (Python numbers, strings, "
@@ -20,17 +29,6 @@ _REFUSED = {
     "donate_argnums": "use `pytree_graph.jit` with donate_argnums (pmap's donation "
     "refers to arrays, not to the objects holding them)",
 }
-
-
-def _check_axis(spec: Any, where: str) -> None:
-    if spec is None or (isinstance(spec, int) and not isinstance(spec, bool)):
-        return
-    if isinstance(spec, StateAxes):
-        return
-    raise TypeError(
-        f"pmap: {where} must be an int, None or a StateAxes, got {spec!r}. (Per-leaf axes "
-        "inside an argument are given with StateAxes({filter: axis}).)"
-    )
 
 
 class _GraphPmap(BindsAsMethod):
@@ -44,17 +42,8 @@ class _GraphPmap(BindsAsMethod):
         pmap_kwargs: dict[str, Any],
     ):
         self._call = Call(fun)
-        if isinstance(in_axes, list):
-            in_axes = tuple(in_axes)
-        for i, spec in enumerate(in_axes if isinstance(in_axes, tuple) else (in_axes,)):
-            _check_axis(spec, f"in_axes[{i}]" if isinstance(in_axes, tuple) else "in_axes")
-        if out_axes is not None and not isinstance(out_axes, int):
-            raise TypeError(
-                f"pmap: out_axes must be an int or None (one axis for every output array), "
-                f"got {out_axes!r}."
-            )
-        self._in_axes = in_axes
-        self._out_axes = out_axes
+        self._in_axes = check_axes(in_axes, "in_axes", "pmap")
+        self._out_axes = check_axes(out_axes, "out_axes", "pmap")
         self._pmap_kwargs = pmap_kwargs
         functools.update_wrapper(self, fun, updated=())
 
@@ -64,27 +53,37 @@ class _GraphPmap(BindsAsMethod):
             "pmap", call, args, kwargs, self._in_axes, "axis_size" in self._pmap_kwargs
         )
 
+        out_axes = self._out_axes
+
         def per_device(values: list[Any]) -> Any:
             inside = Inside(lifted.graphdef, values)
-            outcome, values = inside.finish(
-                call.run(inside.tree), structure="fixed", transform="pmap"
+            out = call.run(inside.tree)
+            # The output's leaves take their axes from `out_axes` (one spec, a tuple of
+            # them, or a StateAxes for the Variables of returned objects), as in `vmap`.
+            check_output_items(out_axes, out, "pmap")
+            leaves, paths = output_leaves(inside, out)
+            leaf_axes = tuple(
+                spec_at(out_axes, path, leaf, "pmap")
+                for path, leaf in zip(paths, leaves, strict=True)
             )
-            return values[: outcome.num_leaves], outcome, values[outcome.num_leaves :]
+            outcome, values = inside.finish(out, structure="fixed", transform="pmap")
+            mapped, unmapped = split_by_axis(values[outcome.num_leaves :], leaf_axes)
+            return values[: outcome.num_leaves], outcome, mapped, unmapped, LeafAxes(leaf_axes)
 
-        values, outcome, out_values = jax.pmap(
+        values, outcome, mapped, unmapped, leaf_axes = jax.pmap(
             per_device,
             in_axes=(axes,),
-            out_axes=(axes, None, self._out_axes),
+            out_axes=(axes, None, 0, None, None),
             **self._pmap_kwargs,
         )(lifted.values)
-        return lifted.apply(outcome, values + out_values)
+        return lifted.apply(outcome, values + join_by_axis(mapped, unmapped, leaf_axes.axes))
 
 
 def pmap(
     fun: Callable[..., Any] | None = None,
     *,
     in_axes: Any = 0,
-    out_axes: int | None = 0,
+    out_axes: Any = 0,
     axis_name: Any = None,
     graph: bool | None = None,
     graph_updates: bool | None = None,
@@ -105,7 +104,11 @@ def pmap(
         fun: the function. Omit it to get a decorator.
         in_axes: one spec for every positional argument, or a tuple with one per
             argument; a spec is an int, `None` or a `StateAxes`.
-        out_axes: where the device axis goes in every output array (an int), or `None`.
+        out_axes: where the device axis goes in the output: one spec for all of it, or a
+            tuple with one per output item; a spec is an int, `None` (the same on every
+            device: the first device's value is returned), or a `StateAxes` for the
+            Variables of Modules the function returns (e.g. `StateAxes({Param: None,
+            ...: 0})`), as `vmap`'s `out_axes`.
         axis_name: the name of the device axis, for collectives such as
             `jax.lax.pmean`.
         graph: `False` for tree mode: `jax.pmap` over the arguments as pytrees

@@ -66,29 +66,47 @@ class StateAxes(FilterSpecs):
         return any(axis is Carry for _, axis in self.items())
 
 
-def _check_axis_spec(spec: Any, where: str) -> None:
-    if spec is None or isinstance(spec, int):
+def _check_axis_spec(spec: Any, where: str, transform: str) -> None:
+    if spec is None or (isinstance(spec, int) and not isinstance(spec, bool)):
         return
     if isinstance(spec, StateAxes):
         if spec.has_carry:
             raise TypeError(
-                f"vmap: {where} is {spec!r}, but Carry is for `scan` (what a loop carries "
-                "from step to step): give vmap an int or None."
+                f"{transform}: {where} is {spec!r}, but Carry is for `scan` (what a loop "
+                f"carries from step to step): give {transform} an int or None."
             )
         return
     raise TypeError(
-        f"vmap: {where} must be an int, None or a StateAxes, got {spec!r}. (Per-leaf "
+        f"{transform}: {where} must be an int, None or a StateAxes, got {spec!r}. (Per-leaf "
         "axes inside an argument are given with StateAxes({filter: axis}).)"
     )
 
 
-def _check_axes(axes: Any, option: str) -> Any:
+def check_axes(axes: Any, option: str, transform: str = "vmap") -> Any:
     """`in_axes` or `out_axes`: one spec, or a tuple of them (a list becomes a tuple)."""
     if isinstance(axes, list):
         axes = tuple(axes)
     for i, spec in enumerate(axes if isinstance(axes, tuple) else (axes,)):
-        _check_axis_spec(spec, f"{option}[{i}]" if isinstance(axes, tuple) else option)
+        where = f"{option}[{i}]" if isinstance(axes, tuple) else option
+        _check_axis_spec(spec, where, transform)
     return axes
+
+
+def split_by_axis(values: list[Any], leaf_axes: tuple) -> tuple[list[Any], list[Any]]:
+    """The output's values (traced) as those mapped (batched at axis 0, moved to their
+    `out_axes` after, by `join_by_axis`) and those not (axis None)."""
+    mapped = [v for v, a in zip(values, leaf_axes, strict=True) if a is not None]
+    unmapped = [v for v, a in zip(values, leaf_axes, strict=True) if a is None]
+    return mapped, unmapped
+
+
+def join_by_axis(mapped: list[Any], unmapped: list[Any], leaf_axes: tuple) -> list[Any]:
+    """The output's values, in order, each mapped one with its axis at its `out_axes`."""
+    mapped_left, unmapped_left = iter(mapped), iter(unmapped)
+    return [
+        next(unmapped_left) if axis is None else place_axis(next(mapped_left), axis)
+        for axis in leaf_axes
+    ]
 
 
 def spec_at(axes: Any, path: tuple, leaf: Any, transform: str) -> Any:
@@ -222,8 +240,8 @@ class _GraphVmap(BindsAsMethod):
         vmap_kwargs: dict[str, Any],
     ):
         self._call = Call(fun)
-        self._in_axes = _check_axes(in_axes, "in_axes")
-        self._out_axes = _check_axes(out_axes, "out_axes")
+        self._in_axes = check_axes(in_axes, "in_axes")
+        self._out_axes = check_axes(out_axes, "out_axes")
         self._given_metadata = transform_metadata
         self._metadata = (
             None if transform_metadata is None else TransformMetadata(transform_metadata, "vmap")
@@ -274,9 +292,7 @@ class _GraphVmap(BindsAsMethod):
             outcome, values = inside.finish(out, structure="fixed", transform="vmap")
             # Argument leaves keep their in_axes; the output's own values are batched at
             # axis 0 (moved to their out_axes after) or not at all.
-            out_values = values[outcome.num_leaves :]
-            mapped = [v for v, a in zip(out_values, leaf_axes, strict=True) if a is not None]
-            unmapped = [v for v, a in zip(out_values, leaf_axes, strict=True) if a is None]
+            mapped, unmapped = split_by_axis(values[outcome.num_leaves :], leaf_axes)
             return values[: outcome.num_leaves], outcome, mapped, unmapped, LeafAxes(leaf_axes)
 
         try:
@@ -296,12 +312,7 @@ class _GraphVmap(BindsAsMethod):
                 "BatchStat: 0, ...: None})), or compute it from values that are the same "
                 "for every example."
             ) from error
-        mapped, unmapped = iter(mapped), iter(unmapped)
-        out_values = [
-            next(unmapped) if axis is None else place_axis(next(mapped), axis)
-            for axis in leaf_axes.axes
-        ]
-        return lifted.apply(outcome, values + out_values)
+        return lifted.apply(outcome, values + join_by_axis(mapped, unmapped, leaf_axes.axes))
 
     def _initialise(self, module: Module, args: tuple, kwargs: dict[str, Any]) -> None:
         """Run a vmapped `__init__`, as Flax NNX does: build one object per example
