@@ -45,9 +45,7 @@ def test_state_axes_from_state_on_a_tied_model():
     listed = State(
         {"a": {"w": Param(None), "s": BatchStat(0)}, "b": {"w": Param(None), "s": BatchStat(0)}}
     )
-    out = pg.vmap(lambda m: m.a.s.value * m.b.w.value.sum(), in_axes=(StateAxes(listed),))(
-        model
-    )
+    out = pg.vmap(lambda m: m.a.s.value * m.b.w.value.sum(), in_axes=(StateAxes(listed),))(model)
     assert out.tolist() == [0.0, 4.0, 8.0] and model.a.w is model.b.w
 
 

@@ -44,8 +44,7 @@ def _value(v):
 
 @pytest.mark.parametrize("graph", [True, False])
 def test_jit_static_argnums_and_argnames_trace_alike(graph):
-    results = []
-    for lib, Model in LIBS:
+    def run(lib, Model):
         traces = []
 
         @lib.jit(static_argnums=1, static_argnames="flag", graph=graph)
@@ -55,8 +54,9 @@ def test_jit_static_argnums_and_argnames_trace_alike(graph):
 
         m = Model()
         outs = [f(m, 2, X), f(m, 2, X), f(m, 3, X, flag=True), f(m, 3, X, flag=True)]
-        results.append(([np.asarray(o) for o in outs], traces))
-    (ours, our_traces), (theirs, their_traces) = results
+        return [np.asarray(o) for o in outs], traces
+
+    (ours, our_traces), (theirs, their_traces) = (run(*lib) for lib in LIBS)
     for a, b in zip(ours, theirs, strict=True):
         np.testing.assert_allclose(a, b)
     assert our_traces == their_traces == [(2, False), (3, True)]
@@ -65,9 +65,9 @@ def test_jit_static_argnums_and_argnames_trace_alike(graph):
 @pytest.mark.parametrize("bad", [[1, 2], jnp.ones(2)])
 def test_jit_refuses_unhashable_statics_alike(bad):
     for lib, Model in LIBS:
-        f = lib.jit(lambda m, n: m(X), static_argnums=1)
+        f = lib.jit(lambda m, n: jnp.sum(X), static_argnums=1)
         # Ours names the argument in a TypeError; JAX (under NNX) raises a ValueError.
-        with pytest.raises((TypeError, ValueError), match="hashable|Non-hashable"):
+        with pytest.raises((TypeError, ValueError), match=r"(?i)hashable"):
             f(Model(), bad)
 
 
@@ -89,8 +89,7 @@ def test_jit_donate_argnames_and_bad_names_alike():
 
 
 def test_jit_partial_static_argnames_with_one_bound_argument_alike():
-    results = []
-    for lib, Model in LIBS:
+    def run(lib, Model):
         traces = []
 
         def step(m, x, scale, flag=False):
@@ -99,11 +98,10 @@ def test_jit_partial_static_argnames_with_one_bound_argument_alike():
 
         f = lib.jit_partial(step, Model(), static_argnames=("scale", "flag"), graph=False)
         outs = [f(X, 2), f(X, 2), f(X, 3, flag=True)]
-        results.append(([np.asarray(o) for o in outs], traces))
-    ours_graph = pg.jit_partial(
-        lambda m, x, scale: m(x) * scale, Ours(), static_argnums=2
-    )(X, 3)
-    (ours, our_traces), (theirs, their_traces) = results
+        return [np.asarray(o) for o in outs], traces
+
+    ours_graph = pg.jit_partial(lambda m, x, scale: m(x) * scale, Ours(), static_argnums=2)(X, 3)
+    (ours, our_traces), (theirs, their_traces) = (run(*lib) for lib in LIBS)
     for a, b in zip(ours, theirs, strict=True):
         np.testing.assert_allclose(a, b)
     assert our_traces == their_traces == [(2, False), (3, True)]
@@ -136,11 +134,9 @@ def test_pmap_out_axes_state_axes_alike():
     n = jax.local_device_count()
     shapes = []
     for lib, Model in LIBS:
-
-        @lib.pmap(out_axes=lib.StateAxes({lib.Param: None, ...: 0}))
-        def make(x):
-            return Model()
-
+        make = lib.pmap(
+            lambda x, Model=Model: Model(), out_axes=lib.StateAxes({lib.Param: None, ...: 0})
+        )
         m = make(jnp.arange(float(n)))
         shapes.append((_value(m.w).shape, _value(m.s).shape))
     assert shapes[0] == shapes[1] == ((2, 2), (n, 3))

@@ -161,7 +161,10 @@ def vjp(
 
 
 def _of_primals(
-    transform: Callable[..., Any], fun: Callable[..., Any], has_aux: bool, graph: bool,
+    transform: Callable[..., Any],
+    fun: Callable[..., Any],
+    has_aux: bool,
+    graph: bool,
     graph_updates: bool,
 ) -> Callable[..., Any]:
     """`transform` (`vjp` or `jvp`) of `fun`, as the function of the remaining arguments."""
@@ -170,8 +173,11 @@ def _of_primals(
         if not args:
             raise TypeError(
                 f"{transform.__name__}({getattr(fun, '__name__', 'f')}) takes the "
-                + ("primals: call it as g(*primals)." if transform is vjp
-                   else "primals and tangents: call it as g(primals, tangents).")
+                + (
+                    "primals: call it as g(*primals)."
+                    if transform is vjp
+                    else "primals and tangents: call it as g(primals, tangents)."
+                )
             )
         return transform(fun, *args, has_aux=has_aux, graph=graph, graph_updates=graph_updates)
 

@@ -128,8 +128,9 @@ def _names(value: Any, option: str, transform: str) -> tuple[str, ...]:
     return names
 
 
-def _check_names(names: tuple[str, ...], signature: Signature, option: str, fun: Any,
-                 transform: str) -> None:
+def _check_names(
+    names: tuple[str, ...], signature: Signature, option: str, fun: Any, transform: str
+) -> None:
     if signature.takes_any_keyword:
         return
     unknown = [n for n in names if n not in signature.keyword_names]
@@ -165,9 +166,7 @@ def resolve_argnums(
             # The check is `donate_argnums`'s: name this option instead.
             raise type(error)(str(error).replace("donate_argnums", f"{option}_argnums")) from None
     if argnums is None and names:
-        positions = frozenset(
-            p for p in map(signature.position_of, names) if p is not None
-        )
+        positions = frozenset(p for p in map(signature.position_of, names) if p is not None)
     elif argnums is not None and argnames is None:
         names = tuple(n for n in map(signature.name_at, positions) if n is not None)
     return positions, frozenset(names)

@@ -37,12 +37,17 @@ class _GraphJit(BindsAsMethod):
         self._constructors: dict[type, _GraphJit] = {}
         self._constructing = 0  # > 0 while a constructor of `_initialise` is traced
         static_args = self._static = static_arguments(
-            fun, jit_kwargs.pop("static_argnums", None), jit_kwargs.pop("static_argnames", None),
+            fun,
+            jit_kwargs.pop("static_argnums", None),
+            jit_kwargs.pop("static_argnames", None),
             "jit",
         )
         self._donate = donated_arguments(
-            fun, jit_kwargs.pop("donate_argnums", None), jit_kwargs.pop("donate_argnames", None),
-            "jit", static_args,
+            fun,
+            jit_kwargs.pop("donate_argnums", None),
+            jit_kwargs.pop("donate_argnames", None),
+            "jit",
+            static_args,
         )
         in_shardings = jit_kwargs.pop("in_shardings", None)
         out_shardings = jit_kwargs.pop("out_shardings", None)
@@ -69,7 +74,10 @@ class _GraphJit(BindsAsMethod):
             return outcome, layout.outputs(inside, outcome, out_values)
 
         def pure_donating(
-            graphdef: GraphDef, donated: list[Any], kept: list[Any], mask: tuple,
+            graphdef: GraphDef,
+            donated: list[Any],
+            kept: list[Any],
+            mask: tuple,
             statics: Any = None,
         ):
             donated_values, kept_values = iter(donated), iter(kept)
@@ -84,9 +92,7 @@ class _GraphJit(BindsAsMethod):
             return outcome, layout.outputs(inside, outcome, out_values)
 
         # The statics, where there are any, come last: a static argument of `jax.jit`.
-        self._jitted = jax.jit(
-            pure, static_argnums=() if static_args is None else 2, **jit_kwargs
-        )
+        self._jitted = jax.jit(pure, static_argnums=() if static_args is None else 2, **jit_kwargs)
         self._jitted_donating = jax.jit(
             pure_donating,
             static_argnums=3 if static_args is None else (3, 4),
@@ -427,6 +433,11 @@ def jit(
     or Variables are static, as with `filter_jit`. Mutating an object the function closes
     over (instead of taking it as an argument) raises `TraceContextError`.
 
+    `static_argnums` and `static_argnames` make whole arguments static as `jax.jit` does:
+    each is hashed and compared with `==` (a new value traces anew), numbers and names
+    are inferred from each other through `fun`'s signature, and an unhashable value, or a
+    Module or Variable, raises a `TypeError` naming the argument.
+
     Shardings (`in_shardings`, `out_shardings`) are given as for `jax.jit`, except that an
     argument holding Modules or Variables takes either one sharding for all its arrays or
     a sharding per Variable: the State that `get_named_sharding(argument, mesh)` gives,
@@ -437,15 +448,16 @@ def jit(
 
     Arguments:
         fun: the function. Omit it to get a decorator.
-        **jit_kwargs: passed on to `jax.jit` (e.g. `donate_argnums`, which donates every
-            array and Variable value of those arguments), except `in_shardings`: one
+        **jit_kwargs: passed on to `jax.jit` (e.g. `donate_argnums` or `donate_argnames`,
+            which donate every array and Variable value of those arguments;
+            `static_argnums`, `static_argnames`, see above), except `in_shardings`: one
             sharding, or a tuple with one per positional argument (each a sharding, a
             State of them, a `StateSharding`, or a pytree prefix of the argument), also
             laying out the Variables written; and `out_shardings`: the same for the
             output, or one `StateSharding` for all of it (its new arrays and Variables;
             objects that came in keep their `in_shardings`).
         graph: `False` for tree mode: `jax.jit` over the arguments as pytrees (every
-            option of `jax.jit` taken as it takes it, `static_argnums` too); only the
+            option of `jax.jit` taken as it takes it); only the
             values (and metadata) of Variables are written back, and a Variable met twice
             is refused. `None` (default) reads `set_graph_mode`. See "Tree mode".
         graph_updates: `False` keeps graph mode's sharing but writes back only Variable
@@ -471,6 +483,9 @@ def jit(
         ([1.0, 1.0], 1)
         >>> _ = step(model, jnp.ones(2)); int(model.count.value)
         2
+        >>> tile = jit(lambda m, reps: jnp.tile(m.w.value, reps), static_argnames="reps")
+        >>> tile(model, (2,)).tolist()
+        [1.0, 1.0, 1.0, 1.0]
     """
     graph, graph_updates = resolve_modes(graph, graph_updates)
     if fun is None:

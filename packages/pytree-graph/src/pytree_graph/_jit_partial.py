@@ -228,9 +228,7 @@ def bound_static_arguments(
     if static is None:
         return None
     names = list(inspect.signature(fun).parameters)[:num_bound] if num_bound else []
-    bound = [p for p in static.positions if p < num_bound] + [
-        n for n in static.names if n in names
-    ]
+    bound = [p for p in static.positions if p < num_bound] + [n for n in static.names if n in names]
     if bound:
         raise TypeError(
             f"jit_partial({static.fun_name}, ...): argument {bound[0]!r} is bound, so it "
@@ -469,12 +467,17 @@ class JitPartial(BindsAsMethod):
         self._call = call = Call(fun)
         num_bound = len(bound)
         self._static = static = bound_static_arguments(
-            fun, num_bound, jit_kwargs.pop("static_argnums", None),
+            fun,
+            num_bound,
+            jit_kwargs.pop("static_argnums", None),
             jit_kwargs.pop("static_argnames", None),
         )
         donate = donated_arguments(
-            fun, jit_kwargs.pop("donate_argnums", None), jit_kwargs.pop("donate_argnames", None),
-            "jit_partial", static,
+            fun,
+            jit_kwargs.pop("donate_argnums", None),
+            jit_kwargs.pop("donate_argnames", None),
+            "jit_partial",
+            static,
         )
         # Bound arguments are positional: their Variables' values are donated by position.
         self._donate = frozenset(d for d in donate if type(d) is int)
@@ -781,7 +784,10 @@ def jit_partial(
         **jit_kwargs: as for `pytree_graph.jit` (passed on to `jax.jit`).
             `donate_argnums` numbers `fun`'s positional arguments, the bound ones first:
             donating a bound argument donates its Variables' values (the new ones are
-            written back), donating a later one donates that per-step argument.
+            written back), donating a later one donates that per-step argument
+            (`donate_argnames` names them). `static_argnums` (numbered so too) and
+            `static_argnames` make per-step arguments static (hashed, compared with `==`);
+            a bound one cannot be.
             `in_shardings` too: one sharding for everything, or a tuple with an entry per
             positional argument, the bound ones first (for a bound object: a sharding, a
             State of them, a `StateSharding` or a pytree prefix, as in `pytree_graph.jit`,
@@ -800,7 +806,9 @@ def jit_partial(
 
     Raises:
         TypeError: a bound argument is not a Module or Variable, `fun` does not take
-            that many arguments, or a per-step argument holds a Module or Variable.
+            that many arguments, a per-step argument holds a Module or Variable, a bound
+            argument is named static, or a static one is not hashable.
+        ValueError: `static_*` or `donate_*` name an argument `fun` does not have.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -825,7 +833,9 @@ def jit_partial(
     if not (graph and graph_updates):
         # A bound argument named static is refused here too (checked, not kept).
         bound_static_arguments(
-            fun, len(partial_args), jit_kwargs.get("static_argnums"),
+            fun,
+            len(partial_args),
+            jit_kwargs.get("static_argnums"),
             jit_kwargs.get("static_argnames"),
         )
         return SimplePartial(SimpleJit(fun, graph, jit_kwargs), partial_args)

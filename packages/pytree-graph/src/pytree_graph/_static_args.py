@@ -26,8 +26,7 @@ class StaticArguments:
 
     __slots__ = ("fun_name", "labels", "names", "positions", "transform")
 
-    def __init__(self, positions: frozenset[int], names: frozenset[str], fun: Any,
-                 transform: str):
+    def __init__(self, positions: frozenset[int], names: frozenset[str], fun: Any, transform: str):
         self.positions = tuple(sorted(positions))
         self.names = tuple(sorted(names))
         self.fun_name = getattr(fun, "__name__", type(fun).__name__)
@@ -140,7 +139,10 @@ def donated_arguments(
             and donated.
     """
     positions, names = resolve_argnums(
-        fun, () if argnums is None and argnames is None else argnums, argnames, "donate",
+        fun,
+        () if argnums is None and argnames is None else argnums,
+        argnames,
+        "donate",
         transform,
     )
     if static is not None:

@@ -119,8 +119,10 @@ def _axes_by_path(axes: State) -> dict[Any, Any]:
     by_axis: dict[Any, list[Path]] = {}
     for path, leaf in axes.flat_state().items():
         axis = leaf.value if isinstance(leaf, Variable) else leaf
-        if axis is not None and axis is not Carry and (
-            not isinstance(axis, int) or isinstance(axis, bool)
+        if (
+            axis is not None
+            and axis is not Carry
+            and (not isinstance(axis, int) or isinstance(axis, bool))
         ):
             raise TypeError(
                 f"StateAxes: the State gives {axis!r} at {path_text(path)}, but each of its "
