@@ -279,8 +279,8 @@ def test_pmap_over_several_devices_with_shared_variables():
 def test_pmap_errors():
     with pytest.raises(TypeError, match=r"pmap: in_axes\[1\] must be an int, None or a StateAxes"):
         pg.pmap(lambda m, x: x, in_axes=(None, "0"))
-    with pytest.raises(TypeError, match="out_axes must be an int or None"):
-        pg.pmap(lambda x: x, out_axes=(0,))
+    with pytest.raises(TypeError, match="pmap: out_axes must be an int, None or a StateAxes"):
+        pg.pmap(lambda x: x, out_axes="0")
     with pytest.raises(TypeError, match="static_broadcasted_argnums is not supported"):
         pg.pmap(lambda x: x, static_broadcasted_argnums=1)
     with pytest.raises(ValueError, match="in_axes has 1 entries"):

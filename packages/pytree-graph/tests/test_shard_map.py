@@ -217,8 +217,6 @@ def test_bad_shardings_are_named_and_nothing_changes():
         assert model.w.value is before
     with pytest.raises(ValueError, match=r"out_shardings has no entry for the value at \[1\]"):
         pg.jit(lambda x: (x, x), out_shardings=(replicated,))(jnp.ones(2))
-    with pytest.raises(TypeError, match=r"pytree_graph\.jit does not take `static_argnums`"):
-        pg.jit(double, static_argnums=1)
 
 
 # -------------------------------------------------------------------------------- shard_map

@@ -22,7 +22,7 @@ from ._graphdef import GraphDef
 from ._lift import LiftedCall, Reordered
 from ._lift_cache import lift_cache
 from ._outcome import NOTHING_CHANGED, Outcome, ValuesChanged
-from ._static_args import donated_arguments, static_arguments
+from ._static_args import NOT_GIVEN, donated_arguments, static_arguments
 from ._tree_transforms import SimpleJit
 from ._variables import Variable
 
@@ -44,7 +44,7 @@ class _GraphJit(BindsAsMethod):
         )
         self._donate = donated_arguments(
             fun,
-            jit_kwargs.pop("donate_argnums", None),
+            jit_kwargs.pop("donate_argnums", NOT_GIVEN),
             jit_kwargs.pop("donate_argnames", None),
             "jit",
             static_args,

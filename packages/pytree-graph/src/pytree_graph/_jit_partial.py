@@ -67,7 +67,7 @@ from ._lift import LiftedCall, LiftPlan, Reordered
 from ._lift_cache import CHECK_HITS, CachedWalk, Checks, _check_hit
 from ._outcome import Outcome, ValuesChanged
 from ._static import Static
-from ._static_args import StaticArguments, donated_arguments, static_arguments
+from ._static_args import NOT_GIVEN, StaticArguments, donated_arguments, static_arguments
 from ._traverse import GraphWalk
 from ._tree_transforms import SimpleJit, SimplePartial
 from ._variables import Variable, value_writes, wrote_values
@@ -474,7 +474,7 @@ class JitPartial(BindsAsMethod):
         )
         donate = donated_arguments(
             fun,
-            jit_kwargs.pop("donate_argnums", None),
+            jit_kwargs.pop("donate_argnums", NOT_GIVEN),
             jit_kwargs.pop("donate_argnames", None),
             "jit_partial",
             static,

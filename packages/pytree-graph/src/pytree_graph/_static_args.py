@@ -12,7 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ._boundary import holds_graph_nodes
-from ._errors import Signature, resolve_argnums
+from ._errors import Signature, donated_positions, resolve_argnums
+
+# `donate_argnums` not given (given as None it is refused, as before names were taken).
+NOT_GIVEN: Any = object()
 
 
 class StaticArguments:
@@ -130,21 +133,20 @@ def donated_arguments(
     transform: str,
     static: StaticArguments | None = None,
 ) -> frozenset[int | str]:
-    """A graph `jit`'s `donate_argnums` and `donate_argnames`: the positions and names of
-    the arguments donated (each inferred from the other where only one is given).
+    """A graph `jit`'s `donate_argnums` (`NOT_GIVEN` where it was not) and
+    `donate_argnames`: the positions and names of the arguments donated (each inferred
+    from the other where only one is given).
 
     Raises:
         TypeError: an option of the wrong type.
         ValueError: a position or name `fun` does not have, or an argument both static
             and donated.
     """
-    positions, names = resolve_argnums(
-        fun,
-        () if argnums is None and argnames is None else argnums,
-        argnames,
-        "donate",
-        transform,
-    )
+    if argnums is None:
+        donated_positions(argnums, fun, transform)  # refused, naming the option
+    if argnums is NOT_GIVEN:
+        argnums = () if argnames is None else None  # None: inferred from the names
+    positions, names = resolve_argnums(fun, argnums, argnames, "donate", transform)
     if static is not None:
         both = sorted(positions.intersection(static.positions), key=str) + sorted(
             names.intersection(static.names)
