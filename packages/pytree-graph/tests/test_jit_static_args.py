@@ -3,7 +3,9 @@
 traces anew), numbers and names are inferred from each other, and bad options or
 values are refused naming the argument."""
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import pytree_graph as pg
@@ -149,6 +151,17 @@ def test_lowered_with_statics_compiles_for_those_statics_only():
         compiled(m, 3)
     traced = f.trace(m, 3)
     assert traced.lower().compile()(m, 3)[0, 0] == 3.0
+
+
+def test_in_shardings_have_no_entry_for_static_arguments():
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    f = pg.jit(lambda m, n, x: m(x) * n, static_argnums=1, in_shardings=(replicated, replicated))
+    assert f(Linear(), 2, jnp.ones((1, 2))).tolist() == [[4.0, 4.0]]
+    step = pg.jit_partial(
+        lambda m, n, x: m(x) * n, Linear(), static_argnums=1, in_shardings=(None, replicated)
+    )
+    assert step(2, jnp.ones((1, 2))).tolist() == [[4.0, 4.0]]
 
 
 def test_a_jitted_init_refuses_static_options():

@@ -22,7 +22,7 @@ from ._graphdef import GraphDef
 from ._lift import LiftedCall, Reordered
 from ._lift_cache import lift_cache
 from ._outcome import NOTHING_CHANGED, Outcome, ValuesChanged
-from ._static_args import NOT_GIVEN, donated_arguments, static_arguments
+from ._static_args import NOT_GIVEN, donated_arguments, static_arguments, with_static_entries
 from ._tree_transforms import SimpleJit
 from ._variables import Variable
 
@@ -49,7 +49,7 @@ class _GraphJit(BindsAsMethod):
             "jit",
             static_args,
         )
-        in_shardings = jit_kwargs.pop("in_shardings", None)
+        in_shardings = with_static_entries(jit_kwargs.pop("in_shardings", None), static_args)
         out_shardings = jit_kwargs.pop("out_shardings", None)
         layout = (
             None
@@ -239,8 +239,9 @@ class _GraphJit(BindsAsMethod):
                 raise ValueError(
                     f"This compiled {self._fun.__name__!r} was lowered for arguments of "
                     "another structure (objects, static attributes, Variable types or "
-                    "metadata, or non-array or static arguments differ). Lower it again for these "
-                    "arguments, or call the jitted function, which compiles as needed."
+                    "metadata, or non-array or static arguments differ). Lower it again "
+                    "for these arguments, or call the jitted function, which compiles as "
+                    "needed."
                 )
             # The donating function's mask and the static arguments are static arguments
             # of `jax.jit`: not passed to the program.

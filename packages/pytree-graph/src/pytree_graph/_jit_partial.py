@@ -67,7 +67,13 @@ from ._lift import LiftedCall, LiftPlan, Reordered
 from ._lift_cache import CHECK_HITS, CachedWalk, Checks, _check_hit
 from ._outcome import Outcome, ValuesChanged
 from ._static import Static
-from ._static_args import NOT_GIVEN, StaticArguments, donated_arguments, static_arguments
+from ._static_args import (
+    NOT_GIVEN,
+    StaticArguments,
+    donated_arguments,
+    static_arguments,
+    with_static_entries,
+)
 from ._traverse import GraphWalk
 from ._tree_transforms import SimpleJit, SimplePartial
 from ._variables import Variable, value_writes, wrote_values
@@ -484,7 +490,7 @@ class JitPartial(BindsAsMethod):
         shardings, step_shardings = _split_shardings(
             call,
             num_bound,
-            jit_kwargs.pop("in_shardings", None),
+            with_static_entries(jit_kwargs.pop("in_shardings", None), static),
             jit_kwargs.pop("out_shardings", None),
         )
         # The jitted function's arguments: layout, donated, kept, statics, per-step ones.
