@@ -76,7 +76,7 @@ class StaticArguments:
         naming it.
 
         Raises:
-            TypeError: naming the argument and what to do.
+            ValueError: naming the argument and what to do.
         """
         values, named = statics
         for at, value in zip(self.positions, values, strict=False):
@@ -90,8 +90,9 @@ class StaticArguments:
         where = f"{self.transform}({self.fun_name})"
         name = self.labels.get(at) if type(at) is int else None
         label = f"argument {at!r}" if name is None else f"argument {at} ({name!r})"
+        # ValueError, as `jax.jit` and Flax NNX raise for a static argument they refuse.
         if holds_graph_nodes(value):
-            raise TypeError(
+            raise ValueError(
                 f"{where}: the static {label} is or holds a Module or Variable. Static "
                 "arguments are hashed and kept in the compiled program's key, so their "
                 "changes would not be written back: pass Modules and Variables as "
@@ -101,7 +102,7 @@ class StaticArguments:
         try:
             hash(value)
         except TypeError:
-            raise TypeError(
+            raise ValueError(
                 f"{where}: the static {label} is of type {type(value).__name__}, which is not "
                 "hashable. Static arguments are hashed and compared with `==` to find "
                 "the compiled program: pass a hashable value (a tuple instead of a "
