@@ -67,7 +67,7 @@ def test_two_in_axes_for_one_shared_variable_are_refused_as_in_nnx():
             self.w = nnx.Param(jnp.ones((2, 2)))
 
     ours, theirs = Ours(), Theirs()
-    with pytest.raises(ValueError, match="in_axes gives it two specs: 0 and 1"):
+    with pytest.raises(ValueError, match=r"in_axes gives it two specs:\n.*: 0\n.*: 1\n"):
         pg.vmap(lambda a, b: a.w.value, in_axes=(0, 1))(ours, ours)
     with pytest.raises(ValueError, match="Inconsistent aliasing"):
         nnx.vmap(lambda a, b: a.w.value, in_axes=(0, 1))(theirs, theirs)

@@ -30,7 +30,11 @@ def test_vmap_refuses_two_axes_for_one_shared_variable():
     f = pg.vmap(lambda a, b: a.w.value.sum() + b.w.value.sum(), in_axes=(0, 1))
     with pytest.raises(ValueError, match=r"reached as argument 0 at \.stat and as argument 1 at "):
         f(layer, layer)
-    with pytest.raises(ValueError, match=r"in_axes gives it two specs: 0 and 1"):
+    with pytest.raises(
+        ValueError,
+        match=r"in_axes gives it two specs:\n  argument 0 at \.stat: 0\n"
+        r"  argument 1 at \.stat: 1\n",
+    ):
         f(layer, layer)
     same = pg.vmap(lambda a, b: a.w.value.sum() + b.w.value.sum(), in_axes=(0, 0))
     assert same(layer, layer).tolist() == [6.0, 6.0]
@@ -66,7 +70,7 @@ def test_grad_refuses_a_variable_differentiated_through_one_argument_only():
             f(w, w)
     layer = Layer()
     g = pg.grad(lambda a, b: (a.w.value * b.w.value).sum(), argnums=1)
-    with pytest.raises(ValueError, match=r"argnums=1 \(with wrt=Param\) gives it two specs: "):
+    with pytest.raises(ValueError, match=r"argnums=1 \(with wrt=Param\) gives it two specs:\n"):
         g(layer, layer)
     # Differentiating both: the gradient comes once, with the first argument.
     grads = pg.grad(lambda a, b: a.value * b.value, argnums=(0, 1))(w, w)
@@ -91,7 +95,7 @@ def test_jit_refuses_two_in_shardings_for_one_shared_variable():
     with pytest.raises(
         ValueError,
         match=r"argument 0 and as argument 1 is one object, but "
-        r"in_shardings gives it two specs: NamedSharding",
+        r"in_shardings gives it two specs:\n  argument 0: NamedSharding",
     ):
         f(v, v)
     same = pg.jit(lambda a, b: a.value + b.value, in_shardings=NamedSharding(mesh, P("x")))
@@ -105,9 +109,25 @@ def test_shard_map_refuses_two_in_specs_for_one_shared_variable():
     f = pg.shard_map(
         lambda a, b: a.value + b.value, mesh=mesh, in_specs=(P(), P("x")), out_specs=P("x")
     )
-    with pytest.raises(ValueError, match=r"in_specs gives it two specs: P\(\) and P\('x',\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"in_specs gives it two specs:\n  argument 0: P\(\)\n  argument 1: P\('x',\)",
+    ):
         f(v, v)
     same = pg.shard_map(
         lambda a, b: a.value + b.value, mesh=mesh, in_specs=P("x"), out_specs=P("x")
     )
     assert same(v, v).tolist() == [2.0] * 4
+
+
+def test_alias_error_lists_each_path_with_its_spec():
+    # Flax NNX's words first, then each path with its spec on a line, as NNX lists them.
+    w = Param(jnp.ones((2, 2)))
+    f = pg.vmap(lambda a, b: None, in_axes=(0, 1))
+    with pytest.raises(
+        ValueError,
+        match=r"^vmap: Inconsistent aliasing detected: the Param reached as argument 0 and "
+        r"as argument 1 is one object, but in_axes gives it two specs:\n"
+        r"  argument 0: 0\n  argument 1: 1\nIt has one value",
+    ):
+        f(w, w)

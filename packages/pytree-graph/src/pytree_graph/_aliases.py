@@ -111,10 +111,13 @@ def check_one_spec(
         for path in paths[1:]:
             other = spec_of(path, leaf)
             if other != first:
+                # Opens with Flax NNX's words, then each path with its spec as NNX
+                # lists them ("path: spec"), so both kinds of reader find their way.
+                here, there = (show_argument_path(call, p) for p in (paths[0], path))
                 raise ValueError(
-                    f"{transform}: the {type(leaf).__name__} reached as "
-                    f"{show_argument_path(call, paths[0])} and as "
-                    f"{show_argument_path(call, path)} is one object, but {option} gives it "
-                    f"two specs: {show_spec(first)} and {show_spec(other)}. It has one value, "
-                    f"which cannot follow both. {fix}"
+                    f"{transform}: Inconsistent aliasing detected: the "
+                    f"{type(leaf).__name__} reached as {here} and as {there} is one object, "
+                    f"but {option} gives it two specs:\n  {here}: {show_spec(first)}\n"
+                    f"  {there}: {show_spec(other)}\nIt has one value, which cannot follow "
+                    f"both. {fix}"
                 )

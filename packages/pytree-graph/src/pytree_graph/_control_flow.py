@@ -598,8 +598,8 @@ def _check_roles(axes: Any, option: str, output: bool) -> Any:
         _check_role(spec, f"{option}[{i}]" if isinstance(axes, tuple) else option, output)
     if sum(spec is Carry for spec in items) > 1:
         raise ValueError(
-            f"scan: {option} has Carry more than once ({axes!r}); a loop has one carry: "
-            "make it a tuple of what is carried."
+            f"scan: Found multiple Carry definitions: {option} has Carry more than once "
+            f"({axes!r}); a loop has one carry: make it a tuple of what is carried."
         )
     return axes
 
@@ -671,8 +671,8 @@ class _GraphScan(BindsAsMethod):
         self._carry_out = _carry_index(self._out_axes)
         if (self._carry_in is None) != (self._carry_out is None):
             raise ValueError(
-                "scan: Carry must be in both in_axes and out_axes, or in neither: the "
-                "argument carried in is the output carried out, step after step (got "
+                "scan: If one of in_axes or out_axes has Carry, the other must also have "
+                "Carry: the argument carried in is the output carried out, step after step (got "
                 f"in_axes={self._show(self._in_axes)}, out_axes={self._show(self._out_axes)})."
             )
         self._metadata = (
@@ -715,8 +715,9 @@ class _GraphScan(BindsAsMethod):
     def _check_arguments(self, args: tuple) -> None:
         if self._in_axes is Carry and len(args) != 1:
             raise ValueError(
-                f"scan: in_axes=Carry makes the one argument the carry, but the function "
-                f"was called with {len(args)}. Give each its role: in_axes=(Carry, 0, ...)."
+                "scan: When in_axes=Carry, the function must take exactly one argument (the "
+                f"carry), but it was called with {len(args)}. Give each its role: "
+                "in_axes=(Carry, 0, ...)."
             )
         if isinstance(self._in_axes, tuple) and len(self._in_axes) != len(args):
             raise ValueError(

@@ -1,6 +1,7 @@
 """`vmap` for functions of object graphs, with mapping axes chosen per filter."""
 
 import functools
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -248,7 +249,8 @@ def lift_with_axes(
         call: how the function is called.
         args, kwargs: the call's arguments.
         in_axes: one spec for every positional argument, or a tuple with one each
-            (keyword arguments are mapped over axis 0; the function itself is not mapped).
+            (keyword arguments left after `keywords_to_positions` are mapped over axis
+            0; the function itself is not mapped).
         sized: whether the size of the mapped axis is given (`axis_size=`).
 
     Raises:
@@ -297,6 +299,35 @@ def lift_with_axes(
     return lifted, axes
 
 
+def signature_or_none(fun: Callable[..., Any]) -> inspect.Signature | None:
+    """`fun`'s signature, or `None` where Python cannot give one (some builtins) or it
+    is a `functools.partial` (whose signature NNX also treats as opaque)."""
+    if isinstance(fun, functools.partial):
+        return None
+    try:
+        return inspect.signature(fun)
+    except (TypeError, ValueError):
+        return None
+
+
+def keywords_to_positions(
+    signature: inspect.Signature | None, args: tuple, kwargs: dict[str, Any]
+) -> tuple[tuple, dict[str, Any]]:
+    """The call with each keyword argument that names a positional parameter moved to
+    its position, as Flax NNX's transforms resolve them, so that it takes that
+    parameter's entry of `in_axes` (`f(x, rngs=r)` under `in_axes=(0, None)` broadcasts
+    `r`). Keyword-only arguments, and those after a skipped defaulted parameter, stay
+    keywords. A call that does not fit the signature is left as it is, for the function
+    to raise its own error."""
+    if signature is None:
+        return args, kwargs
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:
+        return args, kwargs
+    return bound.args, bound.kwargs
+
+
 class _GraphVmap(BindsAsMethod):
     """The function `vmap` returns."""
 
@@ -316,9 +347,13 @@ class _GraphVmap(BindsAsMethod):
             None if transform_metadata is None else TransformMetadata(transform_metadata, "vmap")
         )
         self._vmap_kwargs = vmap_kwargs
+        # Read once here: only calls with keyword arguments use it.
+        self._signature = signature_or_none(fun)
         functools.update_wrapper(self, fun, updated=())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            args, kwargs = keywords_to_positions(self._signature, args, kwargs)
         # A pytree Module still in its `__init__`: a decorated `__init__` (checked first,
         # as the structure of such a Module is not settled yet).
         if (
@@ -442,8 +477,11 @@ def vmap(
 
     Each positional argument is mapped over one axis (an int), not mapped (`None`), or,
     for an argument holding Variables, mapped per leaf with `StateAxes({filter: axis})`:
-    e.g. a model's parameters broadcast while its cache is mapped. Keyword arguments are
-    mapped over axis 0, the function itself (a Module, a bound method) is broadcast.
+    e.g. a model's parameters broadcast while its cache is mapped. A keyword argument
+    that names a positional parameter is bound to its position and takes its entry, as
+    Flax NNX's (`f(x, rngs=r)` under `in_axes=(0, None)` broadcasts `r`); keyword-only
+    arguments are mapped over axis 0. The function itself (a Module, a bound method) is
+    broadcast.
     Variables written inside are written back with their axis: a mapped Variable gets
     every example's value; a broadcast one must get a value that is the same for all.
     The structure of the objects passed must not change inside (see `jit` for that).
