@@ -1,5 +1,8 @@
 """clear_caches, donate="warn-except-first", nondifferentiable(_backward) and the debug tools."""
 
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -13,7 +16,24 @@ from pytree_transforms import (
     nondifferentiable,
     nondifferentiable_backward,
 )
-from pytree_transforms.debug import assert_max_traces, breakpoint_if, get_num_traces
+from pytree_transforms.debug import assert_max_traces, get_num_traces
+
+
+def run_in_a_fresh_interpreter(script: str) -> str:
+    """What `script` prints, run by a new Python process.
+
+    Tracing `jax.debug.breakpoint` (as `breakpoint_if` does) collects every frame of the
+    calling stack with its locals. In a long-lived test process that has run thousands of
+    tests, this has been seen to leave the interpreter's C recursion budget spent
+    (Python 3.12 under pytest-xdist): every later test of that process then fails with
+    `RecursionError` at a shallow depth. A process of its own keeps the rest of the suite
+    out of it.
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
 
 
 def test_the_new_names_are_exported():
@@ -253,14 +273,21 @@ def test_assert_max_traces_refuses_a_bad_count(bad):
 
 
 def test_breakpoint_if_with_a_false_predicate_runs_under_jit():
-    @filter_jit
-    def f(x):
-        breakpoint_if(x.sum() > 100)
-        breakpoint_if(x > 100)  # an array predicate: any element
-        return x + 1
+    # In a fresh interpreter (see `run_in_a_fresh_interpreter`).
+    script = """
+import jax.numpy as jnp
+from pytree_transforms import filter_jit
+from pytree_transforms.debug import breakpoint_if
 
-    assert f(jnp.ones(2)).tolist() == [2.0, 2.0]
-    assert callable(breakpoint_if)
+@filter_jit
+def f(x):
+    breakpoint_if(x.sum() > 100)
+    breakpoint_if(x > 100)  # an array predicate: any element
+    return x + 1
+
+print(f(jnp.ones(2)).tolist())
+"""
+    assert run_in_a_fresh_interpreter(script) == "[2.0, 2.0]"
 
 
 @pytest.mark.parametrize("mark", [nondifferentiable, nondifferentiable_backward])

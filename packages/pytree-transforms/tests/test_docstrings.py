@@ -4,6 +4,8 @@ import doctest
 import importlib
 import importlib.util
 import pkgutil
+import subprocess
+import sys
 
 import pytest
 
@@ -21,8 +23,24 @@ MODULES = [
 OPTIONAL = {"tqdm": "TqdmProgressMeter"}
 
 
+# Modules whose examples trace `jax.debug.breakpoint`: run in a process of their own, as
+# test_debug_and_caches.py's `run_in_a_fresh_interpreter` explains.
+OWN_PROCESS = {"pytree_transforms._breakpoint"}
+
+
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
 def test_docstring_examples(module):
+    if module.__name__ in OWN_PROCESS:
+        script = (
+            "import doctest, sys, importlib\n"
+            f"module = importlib.import_module({module.__name__!r})\n"
+            "flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE\n"
+            "result = doctest.testmod(module, optionflags=flags)\n"
+            "sys.exit(1 if result.failed or not result.attempted else 0)\n"
+        )
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return
     missing = [mark for name, mark in OPTIONAL.items() if importlib.util.find_spec(name) is None]
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     for test in doctest.DocTestFinder().find(module):
