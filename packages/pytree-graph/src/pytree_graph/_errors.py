@@ -14,25 +14,12 @@ def check_callable(fun: Any, transform: str) -> None:
         raise TypeError(f"{transform} expects a function, got {type(fun).__name__}: {fun!r}.")
 
 
-def _positional_count(fun: Any) -> int | None:
-    """How many positional parameters `fun` has; None when it takes `*args` or its
-    signature is unknown."""
-    try:
-        parameters = inspect.signature(fun).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    count = 0
-    for parameter in parameters:
-        if parameter.kind is parameter.VAR_POSITIONAL:
-            return None
-        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
-            count += 1
-    return count
-
-
-def donated_positions(donate: Any, fun: Any, transform: str) -> frozenset[int]:
-    """`donate_argnums` as a set of positions of `fun`'s positional arguments, checked
-    when the transform is made (as `jax.jit` does); a negative one counts from the end.
+def donated_positions(
+    donate: Any, fun: Any, transform: str, option: str = "donate_argnums"
+) -> frozenset[int]:
+    """`donate_argnums` (or another `*_argnums` option, named `option` in the errors) as a
+    set of positions of `fun`'s positional arguments, checked when the transform is made
+    (as `jax.jit` does); a negative one counts from the end.
 
     Raises:
         TypeError: `donate` is not an int or a sequence of ints.
@@ -48,15 +35,15 @@ def donated_positions(donate: Any, fun: Any, transform: str) -> frozenset[int]:
         isinstance(p, int) and not isinstance(p, bool) for p in positions
     ):
         raise TypeError(
-            f"{transform}: donate_argnums must be an int or a tuple of ints, the positions "
-            f"of the function's positional arguments whose values to donate; got {donate!r}."
+            f"{transform}: {option} must be an int or a tuple of ints, the positions of the "
+            f"function's positional arguments; got {donate!r}."
         )
-    count = _positional_count(fun)
+    count = Signature(fun).count
     if count is None:
         negative = [p for p in positions if p < 0]
         if negative:
             raise ValueError(
-                f"{transform}: donate_argnums={donate!r} holds {negative[0]}, a position "
+                f"{transform}: {option}={donate!r} holds {negative[0]}, a position "
                 "counted from the end, but the function takes any number of positional "
                 "arguments (`*args`): give positions counted from 0."
             )
@@ -66,7 +53,7 @@ def donated_positions(donate: Any, fun: Any, transform: str) -> frozenset[int]:
         name = getattr(fun, "__name__", type(fun).__name__)
         valid = f"0 to {count - 1} (or -{count} to -1)" if count else "none"
         raise ValueError(
-            f"{transform}: donate_argnums={donate!r} holds {outside[0]}, but {name} takes "
+            f"{transform}: {option}={donate!r} holds {outside[0]}, but {name} takes "
             f"{count} positional argument(s): the valid positions are {valid}."
         )
     return frozenset(p % count for p in positions)
@@ -160,11 +147,7 @@ def resolve_argnums(
     if argnums is None:
         positions = frozenset()
     else:
-        try:
-            positions = donated_positions(argnums, fun, transform)
-        except (TypeError, ValueError) as error:
-            # The check is `donate_argnums`'s: name this option instead.
-            raise type(error)(str(error).replace("donate_argnums", f"{option}_argnums")) from None
+        positions = donated_positions(argnums, fun, transform, f"{option}_argnums")
     if argnums is None and names:
         positions = frozenset(p for p in map(signature.position_of, names) if p is not None)
     elif argnums is not None and argnames is None:

@@ -49,7 +49,9 @@ class _GraphJit(BindsAsMethod):
             "jit",
             static_args,
         )
-        in_shardings = with_static_entries(jit_kwargs.pop("in_shardings", None), static_args)
+        in_shardings = with_static_entries(
+            jit_kwargs.pop("in_shardings", None), static_args and static_args.positions
+        )
         out_shardings = jit_kwargs.pop("out_shardings", None)
         layout = (
             None
@@ -146,7 +148,7 @@ class _GraphJit(BindsAsMethod):
         if isinstance(error, TypeError | ValueError):
             try:
                 self._static.check(statics)
-            except TypeError as named:
+            except ValueError as named:
                 raise named from error
 
     def _donating_inputs(self, lifted: LiftedCall) -> tuple[GraphDef, list, list, tuple]:
@@ -437,7 +439,7 @@ def jit(
     `static_argnums` and `static_argnames` make whole arguments static as `jax.jit` does:
     each is hashed and compared with `==` (a new value traces anew), numbers and names
     are inferred from each other through `fun`'s signature, and an unhashable value, or a
-    Module or Variable, raises a `TypeError` naming the argument.
+    Module or Variable, raises a `ValueError` naming the argument (as `jax.jit` does).
 
     Shardings (`in_shardings`, `out_shardings`) are given as for `jax.jit`, except that an
     argument holding Modules or Variables takes either one sharding for all its arrays or

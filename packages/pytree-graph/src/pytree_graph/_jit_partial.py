@@ -490,7 +490,7 @@ class JitPartial(BindsAsMethod):
         shardings, step_shardings = _split_shardings(
             call,
             num_bound,
-            with_static_entries(jit_kwargs.pop("in_shardings", None), static),
+            with_static_entries(jit_kwargs.pop("in_shardings", None), static and static.positions),
             jit_kwargs.pop("out_shardings", None),
         )
         # The jitted function's arguments: layout, donated, kept, statics, per-step ones.

@@ -111,14 +111,14 @@ class StaticArguments:
             ) from None
 
 
-def with_static_entries(in_shardings: Any, static: StaticArguments | None) -> Any:
-    """`in_shardings` with a `None` entry for each static argument where it is a tuple
-    with one per positional argument: as `jax.jit`'s, it has none for them (the lifted
-    call holds `None` in their places, laid out by no sharding)."""
-    if not isinstance(in_shardings, tuple | list) or static is None:
+def with_static_entries(in_shardings: Any, static_positions: Any) -> Any:
+    """`in_shardings` with a `None` entry at each static position (in increasing order)
+    where it is a tuple with one per positional argument: as `jax.jit`'s, it has none for
+    them (the function compiled holds `None` in their places, laid out by no sharding)."""
+    if not isinstance(in_shardings, tuple | list) or not static_positions:
         return in_shardings
     expanded = list(in_shardings)
-    for position in static.positions:
+    for position in static_positions:
         expanded.insert(position, None)
     return tuple(expanded)
 

@@ -31,6 +31,7 @@ from ._argument_specs import FilterSpecs
 from ._errors import resolve_argnums
 from ._graphdef import check_writable, merge
 from ._state import State
+from ._static_args import with_static_entries
 from ._tree_form import NodeState, from_tree, to_tree
 from ._variables import Variable, wrote_values
 
@@ -387,14 +388,9 @@ class SimpleJit(BindsAsMethod):
                 jit_kwargs[f"{option}_argnames"] = tuple(sorted(names))
         self._donate = frozenset(jit_kwargs.get("donate_argnums", ()))
         self._donate_names = frozenset(jit_kwargs.get("donate_argnames", ()))
-        static = sorted(jit_kwargs.get("static_argnums", ()))
         # `in_shardings` has no entry for a static argument: the pure function's prefix has.
-        prefix = in_shardings
-        if isinstance(in_shardings, tuple | list) and static:
-            expanded = list(in_shardings)
-            for i in static:
-                expanded.insert(i, None)
-            prefix = tuple(expanded)
+        static = sorted(jit_kwargs.get("static_argnums", ()))
+        prefix = with_static_entries(in_shardings, static)
         sharded = "in_shardings" in jit_kwargs
         self._groups = unique_prefixes(prefix, (None,)) if sharded else [None]
         self._prefix = {"args": prefix, "kwargs": None} if sharded else None
