@@ -172,9 +172,10 @@ def clipped_fwd(model, x):
 
 
 def clipped_bwd(residuals, g):
+    _, out_g = g
     model, x = residuals
-    clip = jnp.clip(g * x, -1.0, 1.0)
-    return {"w": clip}, jnp.clip(g * model.w.value, -1.0, 1.0)  # bias left out: zero
+    clip = jnp.clip(out_g * x, -1.0, 1.0)
+    return {"w": clip}, jnp.clip(out_g * model.w.value, -1.0, 1.0)  # bias left out: zero
 
 
 clipped.defvjp(clipped_fwd, clipped_bwd)
@@ -213,13 +214,115 @@ def test_custom_vjp_nondiff_argnums_and_diff_state():
         return f(power, model, x), (model.w.value, x)
 
     def f_bwd(power, residuals, g):
+        (model_g, x_g), out_g = g
+        # The model's entry has all its Variables, x's none (an array, not a Variable).
+        assert sorted(model_g) == ["bias", "calls", "w"] and x_g is None
         w, x = residuals
-        return {"w": g * power * w ** (power - 1) * x}, g * w**power
+        return {"w": out_g * power * w ** (power - 1) * x}, out_g * w**power
 
     f.defvjp(f_fwd, f_bwd)
     model = Scale()
     grads = pg.grad(f, argnums=DiffState(1, PathContains("w")))(2, model, jnp.array(1.0))
     assert float(grads["w"].value) == 6.0 and list(grads) == ["w"]
+
+
+class Counter(Module):
+    def __init__(self):
+        self.w = Param(jnp.array(2.0))
+        self.total = Param(jnp.array(0.0))
+        self.steps = 0  # a static field
+
+
+@pg.custom_vjp
+def accumulate(model, x):
+    model.total.value = model.total.value + model.w.value * x
+    model.steps += 1
+    return jnp.sin(x), model
+
+
+def accumulate_fwd(model, x):
+    return accumulate(model, x), (model.w.value, x)
+
+
+def accumulate_bwd(residuals, g):
+    (model_g, _), (out_g, model_out_g) = g
+    w, x = residuals
+    total_g = model_g["total"].value  # the cotangent of total after the call
+    model_g["w"].value = total_g * x
+    return model_g, total_g * w + out_g * jnp.cos(x)
+
+
+accumulate.defvjp(accumulate_fwd, accumulate_bwd)
+
+
+def test_custom_vjp_bwd_gets_the_cotangents_of_the_arguments_after_the_call():
+    model = Counter()
+
+    def loss(m, x):
+        y, same = accumulate(m, x)
+        assert same is m  # the caller's Module comes back
+        return y + 3.0 * m.total.value  # a later use of the Variable accumulate wrote
+
+    grads, g_x = pg.grad(loss, argnums=(0, 1))(model, jnp.array(0.5))
+    # total = total0 + w * x: d/dw = 3 x, d/dx = 3 w + cos x, d/dtotal0 = 3.
+    assert float(grads["w"].value) == pytest.approx(1.5)
+    assert float(grads["total"].value) == pytest.approx(3.0)
+    assert float(g_x) == pytest.approx(6.0 + np.cos(0.5), rel=1e-6)
+    # The static field and the Variable written inside were written back, once.
+    assert model.steps == 1 and float(model.total.value) == 1.0
+
+
+def test_custom_vjp_writes_back_a_structure_change_and_returns_models_under_jit():
+    model = Counter()
+    y, same = pg.jit(accumulate)(model, jnp.array(1.0))
+    assert same is model and model.steps == 1 and float(model.total.value) == 2.0
+    assert float(y) == pytest.approx(np.sin(1.0))
+
+
+def test_custom_vjp_keeps_a_tie_and_gives_the_shared_variable_once():
+    seen = {}
+
+    @pg.custom_vjp
+    def f(model, x):
+        model.a.scale.value = model.a.scale.value * 2.0
+        return (model.b.w.value * x).sum(), model
+
+    def f_fwd(model, x):
+        return f(model, x), None
+
+    def f_bwd(_, g):
+        (model_g, _), _ = g
+        seen["paths"] = sorted(model_g.flat_state())
+        return model_g, None
+
+    f.defvjp(f_fwd, f_bwd)
+    model = Tied()
+    pg.grad(lambda m, x: f(m, x)[0])(model, jnp.ones(2))
+    # The shared Affine is listed once, at its first path, and stays shared after the call.
+    assert seen["paths"] == [("a", "calls"), ("a", "scale"), ("a", "w")]
+    assert model.b is model.a and float(model.b.scale.value) == 6.0
+    _, out = f(model, jnp.ones(2))
+    assert out is model and out.a is out.b
+
+
+def test_custom_vjp_int_nondiff_argnum_may_name_a_model():
+    @pg.custom_vjp(nondiff_argnums=(0,))
+    def f(model, x):
+        model.calls.value += 1
+        return model.w.value * x
+
+    def f_fwd(model, x):
+        return f(model, x), x
+
+    def f_bwd(model, x, g):
+        (x_g,), out_g = g
+        assert isinstance(model, Scale) and x_g is None
+        return (out_g * model.w.value,)
+
+    f.defvjp(f_fwd, f_bwd)
+    model = Scale()
+    assert float(pg.grad(f, argnums=1)(model, jnp.array(2.0))) == 3.0
+    assert int(model.calls.value) == 1
 
 
 def test_custom_vjp_errors():
@@ -229,7 +332,7 @@ def test_custom_vjp_errors():
 
     with pytest.raises(TypeError, match=r"f\.defvjp\(fwd, bwd\)"):
         f(Scale())
-    f.defvjp(lambda m: (m.w.value, None), lambda res, g: (g, g))
+    f.defvjp(lambda m: (m.w.value, None), lambda res, g: (g[1], g[1]))
     with pytest.raises(ValueError, match="bwd must return a tuple with one cotangent per"):
         pg.grad(f)(Scale())
     with pytest.raises(TypeError, match="custom_vjp expects a function"):

@@ -81,6 +81,7 @@ def test_custom_vjp_gradient_clipping_same_gradient():
         return ours_f(m, x), (m, x)
 
     def ours_bwd(res, g):
+        _, g = g  # graph mode: (inputs_g, out_g); NNX's graph_updates=False: out_g alone
         m, x = res
         gw = jnp.clip(g * jnp.cos(m.w.value * x) * x * m.head.value, -0.1, 0.1)
         return {"w": gw}, None
@@ -138,3 +139,49 @@ def test_make_jaxpr_same_equations():
     names = [e.primitive.name for e in jaxpr.eqns]
     their_names = [e.primitive.name for e in their_jaxpr.eqns]
     assert [n for n in names if n != "add"] == [n for n in their_names if n != "add"]
+
+
+def test_custom_vjp_graph_mode_same_inputs_g_and_gradients():
+    """Graph mode's `bwd` gets `(inputs_g, out_g)` in both; the cotangent of a Variable the
+    function wrote, used after the call, reaches `bwd` through `inputs_g`; the output may
+    return the Module passed in."""
+
+    def make(lib, module_cls, read):
+        class Acc(module_cls):
+            def __init__(self):
+                self.w = lib.Param(jnp.array(2.0))
+                self.total = lib.Param(jnp.array(0.0))
+
+        @lib.custom_vjp
+        def f(m, x):
+            m.total.value = read(m.total) + read(m.w) * x
+            return jnp.sin(x), m
+
+        def f_fwd(m, x):
+            return f(m, x), (read(m.w), x)
+
+        def f_bwd(res, g):
+            (m_g, _), (out_g, _) = g
+            w, x = res
+            total_g = read(m_g["total"])
+            m_g["w"].value = total_g * x
+            return m_g, total_g * w + out_g * jnp.cos(x)
+
+        f.defvjp(f_fwd, f_bwd)
+
+        def loss(m, x):
+            y, m2 = f(m, x)
+            assert m2 is m
+            return y + 3.0 * read(m.total)
+
+        return Acc(), loss
+
+    ours, our_loss = make(pg, Module, lambda v: v.value)
+    theirs, their_loss = make(nnx, nnx.Module, lambda v: v[...])
+    x = jnp.array(0.5)
+    g, g_x = pg.grad(our_loss, argnums=(0, 1))(ours, x)
+    their_g, their_g_x = nnx.grad(their_loss, argnums=(0, 1))(theirs, x)
+    np.testing.assert_allclose(g["w"].value, their_g["w"][...], rtol=1e-6)
+    np.testing.assert_allclose(g["total"].value, their_g["total"][...], rtol=1e-6)
+    np.testing.assert_allclose(g_x, their_g_x, rtol=1e-6)
+    np.testing.assert_allclose(ours.total.value, theirs.total[...])

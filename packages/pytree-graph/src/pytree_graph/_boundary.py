@@ -54,7 +54,8 @@ class Inside:
     Attributes:
         tree: the rebuilt argument tree: new Modules and Variables, shared as outside.
         after: once `finish` has run, the walk it made of the arguments and the output
-            (its `paths` give the path of each value it returned).
+            (its `paths` give the path of each leaf, `returned` the position of each
+            value `finish` returned).
     """
 
     __slots__ = ("after", "graphdef", "objects", "tree", "values")
@@ -102,6 +103,7 @@ class Inside:
             ValueError: (`"fixed"`) the function changed the structure of its arguments.
         """
         after = self.after = _After(self, out)
+        everything = range(len(after.leaves))
         if structure == "fixed":
             if not after.same:
                 raise ValueError(
@@ -119,6 +121,7 @@ class Inside:
                 carries_all=True,
                 rewrite=after.arrays_replaced or not track,
             )
+            after.returned = everything
             return outcome, after.values + after.out_values
         if after.same and not after.arrays_replaced and structure != "new_objects":
             changed = tuple(after.changed)
@@ -140,6 +143,7 @@ class Inside:
                     num_leaves=after.num_leaves,
                     num_objects=after.num_objects,
                 )
+            after.returned = [*changed, *everything[after.num_leaves :]]
             return outcome, new_values + after.out_values
         if structure == "new_objects":
             origins = (-1,) * after.num_objects
@@ -152,6 +156,7 @@ class Inside:
             origins=origins,
             num_objects=after.num_objects,
         )
+        after.returned = everything
         return outcome, after.values + after.out_values
 
 
@@ -169,6 +174,7 @@ class _After:
         "out_record",
         "out_values",
         "paths",
+        "returned",
         "same",
         "values",
     )
@@ -202,6 +208,9 @@ class _After:
         self.leaves = walk.leaves  # the Variables and arrays at those paths
         self.objects = walk.objects
         self.num_objects = len(walk.objects)
+        # Set by `Inside.finish`: the position (in `paths`) of each value it returned, in
+        # order (a derivative rule maps the cotangents of those values back to paths).
+        self.returned: range | list[int] = range(0)
 
 
 def holds_graph_nodes(value: Any) -> bool:

@@ -1,5 +1,6 @@
 """`custom_vjp` for functions of object graphs: a backward rule whose cotangents for
-Modules are States."""
+Modules are States, and which gets the cotangents of the arguments' values after the call
+(`inputs_g`) with the output's, as Flax NNX's."""
 
 import functools
 from collections.abc import Callable
@@ -11,12 +12,14 @@ from pytree_transforms.extend import BindsAsMethod
 
 from ._aliases import lift_recording_aliases
 from ._autodiff import DiffState, parse_argnums, resolve_argnums
-from ._boundary import Call, Inside, holds_graph_nodes
+from ._boundary import Call, Inside
 from ._errors import check_callable
 from ._graph_mode import resolve_modes
 from ._lift import lift_once
-from ._tangents import Differentiated, zeros_for
+from ._state import State
+from ._tangents import Differentiated, rebuild_with, zeros_for
 from ._tree_transforms import SimpleCustomVjp, refuse_state_prefixes
+from ._variables import Variable
 
 
 class _GraphCustomVjp(BindsAsMethod):
@@ -47,12 +50,17 @@ class _GraphCustomVjp(BindsAsMethod):
         Arguments:
             fwd: called with the function's arguments, returns `(out, residuals)`;
                 residuals may hold anything, Modules included.
-            bwd: called as `bwd(*nondiff_args, residuals, out_cotangent)` (the
+            bwd: called as `bwd(*nondiff_args, residuals, (inputs_g, out_g))` (the
                 arguments named by ints in `nondiff_argnums` first, as `jax.custom_vjp`
-                passes them); returns a tuple with one cotangent per other positional
-                argument, in order: a `State` for an argument holding Modules (of the
-                Variables differentiated in it; any left out, or None, are zero), for
-                any other its own structure.
+                passes them). `out_g` is the output's cotangent, shaped as the output
+                (None where it holds a Module); `inputs_g` has one entry per other
+                positional argument: the cotangent of its values after the call (for
+                an argument holding Modules a `State` of all its Variables, zeros
+                where nothing later used them). It returns a tuple with one cotangent
+                per such argument, in order: a `State` for an argument holding Modules
+                (of the Variables differentiated in it; any left out, or None, are
+                zero; `inputs_g`'s entry may be returned as it is, or changed in
+                place), for any other its own structure.
         """
         check_callable(fwd, "custom_vjp.defvjp (fwd)")
         check_callable(bwd, "custom_vjp.defvjp (bwd)")
@@ -83,26 +91,21 @@ class _GraphCustomVjp(BindsAsMethod):
         selected = differentiated.select(lifted, walk, self._option)
         graphdef = lifted.graphdef
         diff_args = tuple(selectors)
-        name = self.__name__
+        # The walk `fwd`'s objects and output made after it ran: `backward` reads from it
+        # which value each cotangent is for.
+        forward_after: list[Any] = []
 
         def inside_of(diff: list[Any], other: list[Any]) -> Inside:
             diff_values, other_values = iter(diff), iter(other)
             return Inside(graphdef, [next(diff_values if s else other_values) for s in selected])
 
-        def finish(inside: Inside, out: Any, rule: str) -> Any:
-            if holds_graph_nodes(out):
-                raise TypeError(
-                    f"custom_vjp: {rule} returned a Module or Variable as output; the output "
-                    "of a custom_vjp function must be arrays (change the objects passed in "
-                    "place instead: the changes are written back)."
-                )
-            outcome, values = inside.finish(None, structure="fixed", transform="custom_vjp")
-            return outcome, values, out
-
+        # The arguments' values after the call are outputs too (written back outside, as
+        # every graph transform writes back), so a later use of a Variable the function
+        # wrote reaches `bwd` as its cotangent in `inputs_g`, as in Flax NNX.
         @jax.custom_vjp
         def primal(diff: list[Any], other: list[Any]) -> Any:
             inside = inside_of(diff, other)
-            return finish(inside, call.run(inside.tree), name)
+            return inside.finish(call.run(inside.tree), transform="custom_vjp")
 
         def forward(diff: list[Any], other: list[Any]) -> Any:
             inside = inside_of(diff, other)
@@ -114,16 +117,19 @@ class _GraphCustomVjp(BindsAsMethod):
                     f"{type(result).__name__}."
                 )
             out, residuals = result
+            finished = inside.finish(out, transform="custom_vjp")
+            forward_after[:] = [inside.after]
             kept = lift_once(([call_args[k] for k in nondiff], residuals))
-            return finish(inside, out, "fwd"), (kept.graphdef, kept.values, other)
+            return finished, (kept.graphdef, kept.values, other)
 
         def backward(saved: Any, cotangent: Any) -> Any:
             kept_graphdef, kept_values, other = saved
             nondiff_args, residuals = Inside(kept_graphdef, kept_values).tree
-            # The cotangents of the Variables written inside are dropped: written values
-            # are not differentiated through.
-            _, _, out_cotangent = cotangent
-            result = bwd(*nondiff_args, residuals, out_cotangent)
+            _, values_g = cotangent
+            inputs_g, out_g = _split_cotangents(
+                call, forward_after[0], differentiated, diff_args, values_g
+            )
+            result = bwd(*nondiff_args, residuals, (inputs_g, out_g))
             if not isinstance(result, tuple | list) or len(result) != len(diff_args):
                 raise ValueError(
                     f"custom_vjp: bwd must return a tuple with one cotangent per "
@@ -139,9 +145,47 @@ class _GraphCustomVjp(BindsAsMethod):
         primal.defvjp(forward, backward)
         diff = [v for v, s in zip(lifted.values, selected, strict=True) if s]
         other = [v for v, s in zip(lifted.values, selected, strict=True) if not s]
-        outcome, values, out = primal(diff, other)
-        lifted.apply(outcome, values)
-        return out
+        outcome, values = primal(diff, other)
+        return lifted.apply(outcome, values)
+
+
+def _split_cotangents(
+    call: Call,
+    after: Any,
+    differentiated: Differentiated,
+    diff_args: tuple[int, ...],
+    values_g: list[Any],
+) -> tuple[tuple, Any]:
+    """`(inputs_g, out_g)` for `bwd`, from the cotangents of the values `Inside.finish`
+    returned (walked as `after`): per differentiated argument, the cotangent of its leaves
+    after the call (a State of all its Variables for an argument holding Modules, zeros
+    for those not returned; else its own structure, with Variables holding theirs), and
+    the output's cotangent in the output's structure."""
+    by_position = dict(zip(after.returned, values_g, strict=True))
+    num_leaves = after.num_leaves
+    flat: dict[int, dict[tuple, Any]] = {k: {} for k in diff_args}
+    variables: dict[int, Any] = {}
+    for position in range(num_leaves):
+        argument, relative = call.split_path(after.paths[position])
+        if argument not in flat:
+            continue
+        leaf = after.leaves[position]
+        grad = by_position.get(position)
+        if grad is None:
+            (grad,) = zeros_for([after.values[position]])
+        if isinstance(leaf, Variable):
+            variables[position] = grad
+            grad = leaf._pg_flat[1]((grad,))
+        flat[argument][relative] = grad
+    args_record = after.args_record.children[1 if call.lift_fun else 0]
+    inputs_g = tuple(
+        State.from_flat_path(flat[k])
+        if differentiated.graph_args[k]
+        else rebuild_with(args_record.children[k], variables)
+        for k in diff_args
+    )
+    out_g = rebuild_with(after.out_record, {p: g for p, g in by_position.items() if p >= num_leaves})
+    return inputs_g, out_g
 
 
 def _count(result: Any) -> str:
@@ -161,13 +205,18 @@ def custom_vjp(
 
     Decorate the function, then give it its rules with `f.defvjp(fwd, bwd)`. `fwd` takes
     the function's arguments and returns `(out, residuals)` (residuals may hold
-    Modules); `bwd(residuals, g)` returns one cotangent per differentiated positional
-    argument: for an argument holding Modules a `State` of its Variables' cotangents,
-    as `grad` returns (it may leave Variables out, or be None: zeros), for any other its
-    own structure. By default every floating-point Variable of a Module argument is
-    differentiated; `nondiff_argnums` narrows that. Variables written by the function
-    (or by `fwd`, when differentiated) are written back to the caller's objects; their
-    new values are not differentiated through. The output must be arrays.
+    Modules); `bwd(residuals, (inputs_g, out_g))` gets the output's cotangent `out_g` and,
+    in `inputs_g`, one cotangent per differentiated positional argument for its values
+    after the call (a `State` of all its Variables for an argument holding Modules), as
+    Flax NNX's does. It returns one cotangent per differentiated positional argument: for
+    an argument holding Modules a `State` of its Variables' cotangents, as `grad` returns
+    (it may leave Variables out, or be None: zeros; `inputs_g`'s entry changed in place
+    will do), for any other its own structure. By default every floating-point Variable
+    of a Module argument is differentiated; `nondiff_argnums` narrows that. What the
+    function (or `fwd`, when differentiated) changes in its arguments is written back to
+    the caller's objects, structure included; a later use of a Variable it wrote sends
+    that use's cotangent to `bwd` in `inputs_g`. The output may hold the Modules passed
+    in (the caller's objects come back, shared as they were).
 
     Arguments:
         fun: the function. Omit it to get a decorator.
@@ -199,9 +248,10 @@ def custom_vjp(
         >>> def apply_fwd(model, x):
         ...     return apply(model, x), (model, x)
         >>> def apply_bwd(residuals, g):  # gradients clipped to [-1, 1]
+        ...     inputs_g, out_g = g
         ...     model, x = residuals
-        ...     dw = model.w.replace(value=jnp.clip(g * x, -1.0, 1.0))
-        ...     return {"w": dw}, jnp.clip(g * model.w.value, -1.0, 1.0)
+        ...     dw = model.w.replace(value=jnp.clip(out_g * x, -1.0, 1.0))
+        ...     return {"w": dw}, jnp.clip(out_g * model.w.value, -1.0, 1.0)
         >>> apply.defvjp(apply_fwd, apply_bwd)
         >>> float(grad(apply)(Scale(), 5.0)["w"].value)
         1.0

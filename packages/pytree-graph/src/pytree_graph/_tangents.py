@@ -174,10 +174,10 @@ def gradient_of(
                 leaf = lifted.leaves[position]
                 flat[relative] = leaf._pg_flat[1]((grad,)) if isinstance(leaf, Variable) else grad
         return State.from_flat_path(flat)
-    return _rebuild(call.argument_record(lifted.graphdef, argument), by_position)
+    return rebuild_with(call.argument_record(lifted.graphdef, argument), by_position)
 
 
-def _rebuild(record: tuple, grads: dict[int, Any]) -> Any:
+def rebuild_with(record: tuple, grads: dict[int, Any]) -> Any:
     """A gradient shaped like the argument `record` describes (Variables holding their
     gradient), with None where nothing was differentiated."""
     tag = record.tag
@@ -187,15 +187,15 @@ def _rebuild(record: tuple, grads: dict[int, Any]) -> Any:
         grad = grads.get(record.position)
         return None if grad is None else record.kind((grad,))
     if tag == LIST:
-        return record.cls(_rebuild(r, grads) for r in record.children)
+        return record.cls(rebuild_with(r, grads) for r in record.children)
     if tag == TUPLE:
-        return tuple(_rebuild(r, grads) for r in record.children)
+        return tuple(rebuild_with(r, grads) for r in record.children)
     if tag == DICT:
         return record.cls(
-            (k, _rebuild(r, grads)) for k, r in zip(record.keys, record.children, strict=True)
+            (k, rebuild_with(r, grads)) for k, r in zip(record.keys, record.children, strict=True)
         )
     if tag == PYTREE:
-        return record.treedef.unflatten([_rebuild(r, grads) for r in record.children])
+        return record.treedef.unflatten([rebuild_with(r, grads) for r in record.children])
     return None
 
 
