@@ -246,6 +246,7 @@ def accumulate_fwd(model, x):
 
 def accumulate_bwd(residuals, g):
     (model_g, _), (out_g, model_out_g) = g
+    assert model_out_g is None  # a Module of the output: its cotangent is in inputs_g
     w, x = residuals
     total_g = model_g["total"].value  # the cotangent of total after the call
     model_g["w"].value = total_g * x

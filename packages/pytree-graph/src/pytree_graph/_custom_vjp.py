@@ -184,7 +184,8 @@ def _split_cotangents(
         else rebuild_with(args_record.children[k], variables)
         for k in diff_args
     )
-    out_g = rebuild_with(after.out_record, {p: g for p, g in by_position.items() if p >= num_leaves})
+    out_positions = {p: g for p, g in by_position.items() if p >= num_leaves}
+    out_g = rebuild_with(after.out_record, out_positions)
     return inputs_g, out_g
 
 
