@@ -105,9 +105,16 @@ class RngStream(Module):
         num = _check_num(num, f"RngStream {self.tag!r}: split(num)")
         return RngStream(jax.random.split(self(), num), tag=self.tag)
 
-    def fork(self) -> "RngStream":
+    def fork(self, *, split: int | tuple[int, ...] | None = None) -> "RngStream":
         """A new stream, independent of this one, whose root key is this stream's next key
-        (as Flax NNX's `RngStream.fork`). This stream advances by one key."""
+        (as Flax NNX's `RngStream.fork`). This stream advances by one key.
+
+        Arguments:
+            split: Flax NNX's older spelling of `split(num)`: given, the new stream is
+                `num` stacked streams.
+        """
+        if split is not None:
+            return self.split(split)
         return RngStream(self(), tag=self.tag)
 
     def broadcast(self, num: int | tuple[int, ...]) -> "RngStream":
@@ -358,10 +365,15 @@ class Rngs(Module):
             for name, n in nums.items()
         }
 
-    def fork(self) -> "Rngs":
+    def fork(self, *, split: int | tuple[int, ...] | Mapping[Any, Any] | None = None) -> "Rngs":
         """A new `Rngs` with the same streams, each forked: independent of this one's, its
         root key this stream's next key (as Flax NNX's `Rngs.fork`). Give it to a part of a
         model that should draw keys of its own. This `Rngs` advances by one key per stream.
+
+        Arguments:
+            split: Flax NNX's older spelling of `split(num)` (same values: an int, a
+                shape, or a dict by stream name with `...` for the others): the streams
+                it names are split, the others forked.
 
         Returns:
             The new `Rngs`.
@@ -374,7 +386,11 @@ class Rngs(Module):
             (['default', 'dropout'], 1)
             >>> bool((forked.dropout() == rngs.dropout()).all())
             False
+            >>> rngs.fork(split={"dropout": 4, ...: None}).dropout.key.value.shape
+            (4,)
         """
+        if split is not None:
+            return self._stack(split, "split")
         new = {name: stream.fork() for name, stream in self._items()}
         return Rngs(new.pop("default", None), **new)
 
