@@ -452,6 +452,59 @@ def test_cond_and_switch_write_back():
     assert float(v.value) == 5.0
 
 
+class Step(Module):
+    def __init__(self):
+        self.step = Variable(jnp.array(0))
+        self.reward = Variable(jnp.array(0.0))
+
+
+def _replace_with(reward):
+    def branch(m):
+        m.step = Variable(m.step.value + 1)  # new Variables in place of the old
+        m.reward = Variable(jnp.array(reward))
+
+    return branch
+
+
+def test_cond_branches_may_make_the_same_structure_change():
+    m = Step()
+    old_step = m.step
+    for expected in (2.0, 0.0, 2.0):
+        pg.cond(m.step.value % 2 == 0, _replace_with(2.0), _replace_with(0.0), m)
+        assert float(m.reward.value) == expected
+    assert int(m.step.value) == 3 and m.step is not old_step
+    pg.switch(jnp.array(1), [_replace_with(1.0), _replace_with(5.0)], m)
+    assert float(m.reward.value) == 5.0 and int(m.step.value) == 4
+
+
+def test_cond_structure_change_keeps_a_tie():
+    tied = Tied()
+
+    def grow(t):
+        t.encoder.extra = Param(t.encoder.w.value * 2)
+
+    pg.cond(jnp.array(True), grow, grow, tied)
+    assert tied.decoder is tied.encoder and tied.decoder.extra is tied.encoder.extra
+
+
+def test_cond_branches_changing_structure_differently_raise_and_change_nothing():
+    m = Step()
+    step = m.step
+
+    def in_place(m):
+        m.step.value += 1
+
+    with pytest.raises(
+        ValueError,
+        match=r"cond: the branches left the operands with "
+        r"different structures \(branch 0: changed it, 1: kept it",
+    ):
+        pg.cond(jnp.array(True), _replace_with(1.0), in_place, m)
+    assert m.step is step and int(m.step.value) == 0
+    with pytest.raises(ValueError, match=r"switch: the branches .* make it in each branch"):
+        pg.switch(jnp.array(0), [in_place, _replace_with(1.0)], m)
+
+
 def test_loops_carry_models():
     model = Affine()
 

@@ -90,8 +90,10 @@ class Inside:
             out: what the function returned (it may hold objects that came in, or new
                 ones).
             structure: `"may_change"`: the arguments may change structure (jit, remat,
-                grad); `"fixed"`: they must not (vmap, branches, shard_map), and the
-                values are every argument leaf's (a transform maps them all); or
+                grad); `"fixed"`: they must not (vmap, loops, shard_map), and the
+                values are every argument leaf's (a transform maps them all);
+                `"branch"` (cond, switch): as `"fixed"` while the structure is the same,
+                else the whole graph after the call, as `"may_change"` describes it; or
                 `"new_objects"`: describe the whole graph after the call as new
                 objects, which `apply` builds without touching the caller's (as
                 `eval_shape` does, whose values are shapes).
@@ -104,7 +106,7 @@ class Inside:
         """
         after = self.after = _After(self, out)
         everything = range(len(after.leaves))
-        if structure == "fixed":
+        if structure == "fixed" or (structure == "branch" and after.same):
             if not after.same:
                 raise ValueError(
                     f"{transform}: the function changed the structure of the objects passed "
@@ -123,7 +125,7 @@ class Inside:
             )
             after.returned = everything
             return outcome, after.values + after.out_values
-        if after.same and not after.arrays_replaced and structure != "new_objects":
+        if after.same and not after.arrays_replaced and structure == "may_change":
             changed = tuple(after.changed)
             new_values = [after.values[p] for p in changed]
             out_record = after.out_record
@@ -148,6 +150,8 @@ class Inside:
         if structure == "new_objects":
             origins = (-1,) * after.num_objects
         else:
+            # (also a branch that changed the structure: the other branches must give the
+            # same outcome, which `cond` / `switch` check)
             index_of = {id(obj): i for i, obj in enumerate(self.objects)}
             origins = tuple(index_of.get(id(obj), -1) for obj in after.objects)
         outcome = StructureChanged(

@@ -37,7 +37,7 @@ from ._errors import check_callable
 from ._graph_mode import resolve_modes
 from ._graphdef import Builder, GraphDef, build
 from ._lift import LiftedCall, lift_once, value_of
-from ._outcome import ValuesChanged
+from ._outcome import StructureChanged, ValuesChanged
 from ._transform_metadata import TransformMetadata
 from ._traverse import GraphWalk
 from ._tree_transforms import (
@@ -53,13 +53,50 @@ from ._variables import Variable
 from ._vmap import StateAxes, argument_leaves, check_output_items, place_axis, spec_at
 
 
-def _branch(fun: Callable[..., Any], lifted: LiftedCall, transform: str) -> Callable[..., Any]:
+def _branch(
+    fun: Callable[..., Any], lifted: LiftedCall, transform: str, outcomes: list[Any]
+) -> Callable[..., Any]:
     def run(values: list[Any]) -> Any:
         inside = Inside(lifted.graphdef, values)
-        # Branches must agree on their outcome, so none lists which Variables it wrote.
-        return inside.finish(fun(*inside.tree), structure="fixed", transform=transform, track=False)
+        # Branches must agree on their outcome, so none lists which Variables it wrote. A
+        # branch may change the structure (e.g. put new Variables in place of the old), as
+        # in Flax NNX, when every branch makes the same change.
+        result = inside.finish(
+            fun(*inside.tree), structure="branch", transform=transform, track=False
+        )
+        outcomes.append(result[0])
+        return result
 
     return run
+
+
+def _run_branches(
+    transform: str,
+    funs: Sequence[Callable[..., Any]],
+    lifted: LiftedCall,
+    run: Callable[[list[Callable[..., Any]]], Any],
+) -> Any:
+    """`run(branches)` (a `lax.cond` or `lax.switch` call) on the branch functions, the
+    result written back; branches that change the operands' structure differently are
+    refused with an error that says so (where JAX's would compare two output types)."""
+    outcomes: list[Any] = []
+    try:
+        result = run([_branch(f, lifted, transform, outcomes) for f in funs])
+    except TypeError:
+        if len(outcomes) == len(funs) and any(o != outcomes[0] for o in outcomes):
+            shown = ", ".join(
+                f"{i}: {'changed it' if type(o) is StructureChanged else 'kept it'}"
+                for i, o in enumerate(outcomes)
+            )
+            raise ValueError(
+                f"{transform}: the branches left the operands with different structures "
+                f"(branch {shown}; or changed it in different ways). A branch may add, "
+                "remove or replace attributes, submodules or Variables only if every "
+                "branch makes the same change: make it in each branch, or outside "
+                f"{transform}."
+            ) from None
+        raise
+    return _finish(lifted, result)
 
 
 def _finish(lifted: LiftedCall, result: tuple) -> Any:
@@ -78,7 +115,10 @@ def cond(
     """`jax.lax.cond` whose operands may hold Modules and Variables.
 
     Both branches get the operands (rebuilt, sharing kept) and must return outputs of the
-    same structure; Variables either writes are written back to the caller's objects.
+    same structure; Variables either writes are written back to the caller's objects. A
+    branch may change the operands' structure (new Variables in place of the old, a new
+    attribute) if the other makes the same change, as in Flax NNX; the new structure is
+    then written back.
 
     Arguments:
         pred: a boolean scalar.
@@ -93,6 +133,9 @@ def cond(
 
     Returns:
         The output of the branch taken.
+
+    Raises:
+        ValueError: the branches leave the operands with different structures.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -111,13 +154,12 @@ def cond(
         )
         return finish_branches(graph, variables, jax.lax.cond(pred, on_true, on_false, *operands))
     lifted = lift_once(operands)
-    result = jax.lax.cond(
-        pred,
-        _branch(true_fun, lifted, "cond"),
-        _branch(false_fun, lifted, "cond"),
-        lifted.values,
+    return _run_branches(
+        "cond",
+        [true_fun, false_fun],
+        lifted,
+        lambda branches: jax.lax.cond(pred, *branches, lifted.values),
     )
-    return _finish(lifted, result)
 
 
 def switch(
@@ -132,7 +174,8 @@ def switch(
     Arguments:
         index: an integer scalar choosing the branch (clamped to the valid range).
         branches: the functions, each called with the operands; their outputs must have
-            the same structure.
+            the same structure, and a change to the operands' structure (as `cond`
+            allows) must be the same in every branch.
         *operands: the arguments of the branches.
         graph: `False` for tree mode: the JAX function over the operands as pytrees; only
             Variable values are written back, and a Variable met twice is refused.
@@ -160,8 +203,9 @@ def switch(
         pure, operands, variables = simple_branches("switch", graph, list(branches), operands)
         return finish_branches(graph, variables, jax.lax.switch(index, pure, *operands))
     lifted = lift_once(operands)
-    result = jax.lax.switch(index, [_branch(f, lifted, "switch") for f in branches], lifted.values)
-    return _finish(lifted, result)
+    return _run_branches(
+        "switch", branches, lifted, lambda funs: jax.lax.switch(index, funs, lifted.values)
+    )
 
 
 def _carried(
