@@ -164,14 +164,44 @@ def test_in_shardings_have_no_entry_for_static_arguments():
     assert step(2, jnp.ones((1, 2))).tolist() == [[4.0, 4.0]]
 
 
-def test_a_jitted_init_refuses_static_options():
+def test_a_jitted_init_takes_static_argnums_counting_self():
+    traces = []
+
     class Made(Module):
-        @pg.jit(static_argnums=1)
+        @pg.jit(static_argnums=(1, 2))
+        def __init__(self, n, use_bias, *, key):
+            traces.append(n)
+            self.w = Param(jax.random.normal(key, (n,)))
+            if use_bias:  # a Python branch on a static argument
+                self.b = Param(jnp.zeros(n))
+            self.n = n
+
+    made = Made(2, True, key=jax.random.key(0))
+    assert made.w.value.shape == (2,) and made.n == 2 and isinstance(made.n, int)
+    assert isinstance(made.w.value, jax.Array) and hasattr(made, "b")
+    Made(2, True, key=jax.random.key(1))
+    assert traces == [2]  # the same static values: compiled once
+    assert not hasattr(Made(3, False, key=jax.random.key(0)), "b") and traces == [2, 3]
+
+
+def test_a_jitted_init_refuses_self_as_static_and_shardings():
+    class Made(Module):
+        @pg.jit(static_argnums=(0, 1))
         def __init__(self, n):
             self.w = Param(jnp.ones(n))
 
-    with pytest.raises(TypeError, match="does not take `static_argnums`"):
+    with pytest.raises(
+        ValueError, match=r"Made.__init__: `static_argnums` names argument 0, `self`"
+    ):
         Made(2)
+
+    class Laid(Module):
+        @pg.jit(in_shardings=None, out_shardings=None)
+        def __init__(self, n):
+            self.w = Param(jnp.ones(n))
+
+    with pytest.raises(TypeError, match="does not take `in_shardings`"):
+        Laid(2)
 
 
 # ------------------------------------------------------------------------ jit_partial

@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import pytree_filter
@@ -595,6 +596,54 @@ def test_remat_and_eval_shape():
     # Nothing is written back: the objects passed are left as they are.
     out = pg.eval_shape(lambda m, x: m(x), block, jnp.ones(3))
     assert out.shape == (3,) and int(block.n.value) == 1
+
+
+def test_remat_static_argnums_give_python_values():
+    @pg.remat(static_argnums=(1,))
+    def power(m, n, x):
+        for _ in range(n):  # a Python loop on the static argument
+            x = x * m.w.value
+        return x
+
+    block = Affine()
+    g = pg.grad(lambda m, x: power(m, 3, x).sum())(block, jnp.ones(2))
+    np.testing.assert_allclose(g["w"].value, 2 * 3 * block.w.value**2)  # two elements
+    with pytest.raises(
+        ValueError, match=r"remat\(power\): the static argument 1 \('n'\) is or holds a Module"
+    ):
+        power(block, Affine(), jnp.ones(2))
+    with pytest.raises(ValueError, match=r"the static argument 1 \('n'\) is of type list"):
+        power(block, [3], jnp.ones(2))
+
+
+def test_remat_on_init_with_static_argnums_and_a_tie():
+    class Block(Module):
+        @pg.remat(static_argnums=(1, 2))
+        def __init__(self, din, dout, key):
+            self.first = Linear(din, dout, key)
+            self.second = self.first  # a tie made inside is kept
+            self.din = din
+
+        @pg.remat
+        def __call__(self, x):
+            return self.second(self.first(x))
+
+    block = Block(2, 2, jax.random.key(0))
+    assert block.din == 2 and block.second is block.first
+    assert isinstance(block.first.w.value, jax.Array)
+    loss, g = pg.value_and_grad(lambda m, x: m(x).sum())(block, jnp.ones((1, 2)))
+    assert loss.shape == () and sorted(g["first"]) == ["b", "w"]
+    assert int(block.first.calls.value) == 2  # one object, called twice
+
+    class Selfish(Module):
+        @pg.remat(static_argnums=0)
+        def __init__(self):
+            self.w = Param(jnp.ones(2))
+
+    with pytest.raises(
+        ValueError, match=r"remat on Selfish.__init__: `static_argnums` names argument 0"
+    ):
+        Selfish()
 
 
 def test_transforms_nest():

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec, Sharding
 
-from pytree_module import Module, data, static
+from pytree_module import Module
 from pytree_module.extend import flat_form, is_pytree_class
 from pytree_transforms.extend import BindsAsMethod
 
@@ -19,6 +19,7 @@ from ._error_names import rename_in_error
 from ._errors import check_callable
 from ._graph_mode import resolve_modes
 from ._graphdef import GraphDef
+from ._initialise import Initialiser, initialising, without_self
 from ._lift import LiftedCall, Reordered
 from ._lift_cache import lift_cache
 from ._outcome import NOTHING_CHANGED, Outcome, ValuesChanged
@@ -34,8 +35,7 @@ class _GraphJit(BindsAsMethod):
         self._fun = fun
         self._call = call = Call(fun)
         self._jit_kwargs = dict(jit_kwargs)
-        self._constructors: dict[type, _GraphJit] = {}
-        self._constructing = 0  # > 0 while a constructor of `_initialise` is traced
+        self._initialise = Initialiser(fun, "jit", self._constructor)
         static_args = self._static = static_arguments(
             fun,
             jit_kwargs.pop("static_argnums", None),
@@ -111,7 +111,7 @@ class _GraphJit(BindsAsMethod):
             and flat_form(args[0])[1] is None
             and is_pytree_class(type(args[0]))
         ):
-            return self._initialise(args[0], args[1:], kwargs)
+            return self._initialise(self, args[0], args[1:], kwargs)
         if self._static is not None:
             return self._call_with_statics(args, kwargs)
         lifted = lift_cache.find(self._call.tree(args, kwargs))
@@ -207,12 +207,7 @@ class _GraphJit(BindsAsMethod):
 
     def _stage(self, args: tuple, kwargs: dict[str, Any]) -> tuple[LiftedCall, Any, tuple]:
         """A call's lifted arguments, the jitted function it runs, and that one's inputs."""
-        if (
-            args
-            and isinstance(args[0], Module)
-            and flat_form(args[0])[1] is None
-            and is_pytree_class(type(args[0]))
-        ):
+        if initialising(args):
             raise TypeError(
                 "A jitted `__init__` cannot be lowered ahead of time: lower a function "
                 "that builds the object instead, `jit(lambda *a: Model(*a)).lower(...)`."
@@ -259,6 +254,18 @@ class _GraphJit(BindsAsMethod):
             return (inputs[0], *inputs[3:])
         return (inputs[0], *inputs[2:])
 
+    def _constructor(self, construct: Callable[..., Any], class_name: str) -> "_GraphJit":
+        """`construct` (see `Initialiser`) compiled with this jit's options."""
+        for option in _NOT_FOR_INIT:
+            if option in self._jit_kwargs:
+                raise TypeError(
+                    f"pytree_graph.jit on {class_name}.__init__ does not take `{option}`: "
+                    "compile a function that builds the object instead, "
+                    f"`jit(lambda *a: {class_name}(*a), {option}=...)`."
+                )
+        names = ("static_argnums", "donate_argnums")
+        return _GraphJit(construct, without_self("jit", class_name, self._jit_kwargs, names))
+
     def _rename_in_error(self, error: Exception, lifted: LiftedCall, mask: tuple | None) -> None:
         """Name the user's function and values in an error raised while tracing."""
         if mask is not None:
@@ -269,45 +276,6 @@ class _GraphJit(BindsAsMethod):
         else:
             lists = {"values": lifted.input_positions()}
         rename_in_error(error, self._call, self._fun, lifted.paths, lists)
-
-    def _initialise(self, module: Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        """Run a jitted `__init__`: build the object compiled, then give `module` (the
-        one being initialised) its attributes, with concrete values."""
-        cls = type(module)
-        if self._constructing:  # `cls(...)`, called by the constructor being traced
-            return self._fun(module, *args, **kwargs)
-        if cls.__init__ is not self or vars(module):
-            raise TypeError(
-                f"pytree_graph.jit on {cls.__name__}.__init__: only the `__init__` of the "
-                "class being built can be compiled, and it must set every attribute (here "
-                "it is a parent's `__init__`, called from a subclass, or the object has "
-                "attributes already). Compile the subclass's `__init__` instead, or a "
-                "function that builds the object: `jit(lambda *a: Model(*a))(...)`."
-            )
-        for option in _NOT_FOR_INIT:
-            if option in self._jit_kwargs:
-                raise TypeError(
-                    f"pytree_graph.jit on {cls.__name__}.__init__ does not take `{option}`: "
-                    "compile a function that builds the object instead, "
-                    f"`jit(lambda *a: {cls.__name__}(*a), {option}=...)`."
-                )
-        constructor = self._constructors.get(cls)
-        if constructor is None:
-
-            def construct(*args: Any, **kwargs: Any) -> Any:
-                self._constructing += 1
-                try:
-                    return cls(*args, **kwargs)
-                finally:
-                    self._constructing -= 1
-
-            functools.update_wrapper(construct, self._fun)
-            constructor = self._constructors[cls] = _GraphJit(construct, dict(self._jit_kwargs))
-        built = constructor(*args, **kwargs)
-        data_keys = flat_form(built)[1].layout.data_keys
-        # Wrapped, so that each attribute keeps the status it got inside.
-        for name, value in vars(built).items():
-            setattr(module, name, data(value) if name in data_keys else static(value))
 
 
 class Traced:
@@ -499,16 +467,9 @@ def jit(
     return _GraphJit(fun, jit_kwargs)
 
 
-# Options a jitted `__init__` refuses: they name the arguments of the function that
-# builds the object, which a separate `jit` of that function takes.
-_NOT_FOR_INIT = (
-    "in_shardings",
-    "out_shardings",
-    "donate_argnums",
-    "donate_argnames",
-    "static_argnums",
-    "static_argnames",
-)
+# Options a jitted `__init__` refuses: a sharding for each argument and output of the
+# function that builds the object, which a separate `jit` of that function takes.
+_NOT_FOR_INIT = ("in_shardings", "out_shardings")
 
 
 def _is_sharding(value: Any) -> bool:
