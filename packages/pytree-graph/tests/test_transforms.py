@@ -525,6 +525,30 @@ def test_loops_carry_models():
     assert int(v.value) == 128
 
 
+def test_loop_body_must_keep_the_carry_objects():
+    model = Tied()
+    kernel = model.encoder.w
+
+    def replace_kernel(carry):
+        m, c = carry
+        m.encoder.w = Param(jnp.zeros_like(m.encoder.w.value))  # same shape, new object
+        return m, c - 1.0
+
+    with pytest.raises(
+        ValueError,
+        match=r"while_loop: body_fun returned another Param at \[0\]\.decoder\.w than the "
+        r"one it was given: Variable and Module identity must be preserved",
+    ):
+        pg.while_loop(lambda carry: carry[1] > 0, replace_kernel, (model, 2.0))
+    assert model.encoder.w is kernel and model.decoder is model.encoder
+
+    def new_model(i, m):
+        return Affine()
+
+    with pytest.raises(ValueError, match=r"fori_loop: body_fun returned another Affine at "):
+        pg.fori_loop(0, 2, new_model, Affine())
+
+
 def test_loop_errors():
     model = Affine()
 

@@ -209,7 +209,12 @@ def switch(
 
 
 def _carried(
-    lifted: LiftedCall, value: Any, transform: str, what: str, before: list[Any] | None = None
+    lifted: LiftedCall,
+    value: Any,
+    transform: str,
+    what: str,
+    before: list[Any] | None = None,
+    objects: list[Any] | None = None,
 ) -> list[Any]:
     """The values of a loop carry, checking it kept the structure it came in with.
 
@@ -218,8 +223,12 @@ def _carried(
     (sharing the arguments' objects), and its outcome is known only once traced; a loop
     carry must be the values alone, in the initial carry's leaf order, from the first
     step. The caller's objects are written once, after the loop (`_write_back`).
+
+    `objects`, where given, are the objects the step was given (by graphdef index): the
+    carry returned must hold those very objects, as Flax NNX requires (a new Variable in
+    place of one would leave the caller's holding the old one).
     """
-    walk = GraphWalk()
+    walk = GraphWalk(record_shared=objects is not None)
     graphdef = walk.graphdef(numbers_as_arrays(value))
     if graphdef != lifted.graphdef:
         raise ValueError(
@@ -228,6 +237,17 @@ def _carried(
             "Only the values of its Variables and arrays may change in the loop: make "
             "structural changes before or after it."
         )
+    if objects is not None:
+        for index, (now, given) in enumerate(zip(walk.objects, objects, strict=True)):
+            if now is not given:
+                place = path_text(walk.shared_paths[index][0], root="the top level of the carry")
+                raise ValueError(
+                    f"{transform}: {what} returned another {type(now).__name__} at {place} "
+                    f"than the one it was given: Variable and Module identity must be "
+                    "preserved across iterations. Write values in place (`v.value = ...`) "
+                    "instead of putting new Variables or Modules in the carry, or make the "
+                    "new object before or after the loop."
+                )
     after = list(map(value_of, walk.leaves))
     if before is not None:
         where = lambda p: path_text(lifted.paths[p], root="the top level of the carry")  # noqa: E731
@@ -241,7 +261,8 @@ def _loop_body(
     def body(*call: Any) -> list[Any]:
         *index, values = call
         inside = Inside(lifted.graphdef, values)
-        return _carried(lifted, body_fun(*index, inside.tree), transform, "body_fun", values)
+        out = body_fun(*index, inside.tree)
+        return _carried(lifted, out, transform, "body_fun", values, inside.objects)
 
     return body
 
