@@ -415,6 +415,35 @@ def test_vmap_errors():
         pg.vmap(grow, in_axes=(None, 0))(layer, jnp.ones(3))
 
 
+def test_vmap_returning_an_argument_object_keeps_one_axis():
+    tied = Tied()
+    stacked = pg.vmap(lambda m: m, in_axes=0, out_axes=0, axis_size=2)(
+        pg.vmap(lambda _: Tied(), in_axes=0)(jnp.arange(2))
+    )
+    assert stacked.decoder is stacked.encoder  # the same axis both ways: returned as it came
+
+    with pytest.raises(
+        ValueError,
+        match=r"vmap: Inconsistent aliasing detected: the Param reached as argument 0 at "
+        r"\.decoder\.b and as the output at \[1\]\.decoder\.b is one object, but in_axes "
+        r"and out_axes give it two axes:\n.*: None \(in_axes\)\n.*: 0 \(out_axes\)",
+    ):
+        pg.vmap(lambda m, x: (m.encoder(x), m), in_axes=(None, 0), out_axes=0)(
+            tied, jnp.ones((3, 2))
+        )
+    # Nothing was written: the model is as it was.
+    assert tied.encoder.calls.value.shape == ()
+
+    axes = StateAxes({Param: None, ...: 0})
+    with pytest.raises(
+        ValueError,
+        match=r"argument 0 at \.decoder\.b: None \(in_axes\)\n  the output at \.decoder\.b: 1 ",
+    ):
+        pg.vmap(lambda m: m, in_axes=(axes,), out_axes=1)(
+            pg.vmap(lambda _: Tied(), in_axes=0, out_axes=axes)(jnp.arange(2))
+        )
+
+
 def test_vmap_builds_an_ensemble():
     class Small(Module):
         def __init__(self, key):

@@ -16,6 +16,7 @@ from ._vmap import (
     LeafAxes,
     check_axes,
     check_output_items,
+    check_returned_axes,
     join_by_axis,
     lift_with_axes,
     output_leaves,
@@ -61,6 +62,7 @@ class _GraphPmap(BindsAsMethod):
             # The output's leaves take their axes from `out_axes` (one spec, a tuple of
             # them, or a StateAxes for the Variables of returned objects), as in `vmap`.
             check_output_items(out_axes, out, "pmap")
+            check_returned_axes("pmap", call, inside, out, axes, out_axes)
             leaves, paths = output_leaves(inside, out)
             leaf_axes = tuple(
                 spec_at(out_axes, path, leaf, "pmap")

@@ -13,7 +13,7 @@ from pytree_module import Module, data, static
 from pytree_module.extend import construct, flat_form, is_pytree_class
 from pytree_transforms.extend import BindsAsMethod
 
-from ._aliases import check_one_spec, lift_recording_aliases, show_argument_path
+from ._aliases import check_one_spec, leaf_aliases, lift_recording_aliases, show_argument_path
 from ._argument_specs import FilterSpecs
 from ._boundary import Call, Inside
 from ._carry import Carry, show_axis
@@ -239,6 +239,54 @@ def output_leaves(inside: Inside, out: Any) -> tuple[list[Any], list[tuple]]:
     return walk.leaves[start:], [path[1:] for path in walk.paths[start:]]
 
 
+def check_returned_axes(
+    transform: str, call: Call, inside: Inside, out: Any, axes: list[Any], out_axes: Any
+) -> None:
+    """Refuse an output that holds a Variable or array of the arguments (e.g. the Module
+    passed in, returned) where `out_axes` gives it another axis than `in_axes` did: it
+    has one value, so one axis (Flax NNX raises the same "Inconsistent aliasing").
+
+    Arguments:
+        axes: the axis of each argument leaf, in leaf order (from `lift_with_axes`).
+        out_axes: the transform's `out_axes`.
+
+    Raises:
+        ValueError: naming the leaf's argument path and output path, with each axis.
+    """
+    walk = GraphWalk(record_shared=True)
+    walk.visit(inside.tree, ())
+    num_leaves = len(walk.leaves)
+    walk.visit(out, ("<output>",))
+    shared = walk.shared_paths
+    assert shared is not None
+    # Only an object of the arguments that the output reaches again can alias.
+    if not any(
+        len(paths) > 1 and paths[0][:1] != ("<output>",) and paths[-1][:1] == ("<output>",)
+        for paths in shared.values()
+    ):
+        return
+    for position, paths in leaf_aliases(walk).items():
+        if position >= num_leaves:
+            continue
+        leaf = walk.leaves[position]
+        for path in paths:
+            if path[:1] != ("<output>",):
+                continue
+            out_axis = spec_at(out_axes, path[1:], leaf, transform)
+            if out_axis != axes[position]:
+                here = show_argument_path(call, paths[0])
+                there = f"the output at {path_text(path[1:], root='the top level')}"
+                raise ValueError(
+                    f"{transform}: Inconsistent aliasing detected: the "
+                    f"{type(leaf).__name__} reached as {here} and as {there} is one "
+                    f"object, but in_axes and out_axes give it two axes:\n  {here}: "
+                    f"{axes[position]!r} (in_axes)\n  {there}: {out_axis!r} (out_axes)\n"
+                    "It has one value, which cannot follow both. Give it the same axis in "
+                    "out_axes (e.g. the same StateAxes as in_axes), or return a copy "
+                    "(`pytree_graph.clone(...)`) or new objects."
+                )
+
+
 def lift_with_axes(
     transform: str, call: Call, args: tuple, kwargs: dict[str, Any], in_axes: Any, sized: bool
 ) -> tuple[Any, list[Any]]:
@@ -384,6 +432,7 @@ class _GraphVmap(BindsAsMethod):
             for leaf, axis in marked:
                 metadata.add_axis(leaf, axis)
             check_output_items(out_axes, out, "vmap")
+            check_returned_axes("vmap", call, inside, out, axes, out_axes)
             leaves, paths = output_leaves(inside, out)
             leaf_axes = tuple(
                 spec_at(out_axes, path, leaf, "vmap")
@@ -407,7 +456,8 @@ class _GraphVmap(BindsAsMethod):
                 **self._vmap_kwargs,
             )(lifted.values)
         except ValueError as error:
-            if "out_axes" not in str(error) or "None" not in str(error):
+            text = str(error)
+            if "out_axes" not in text or "None" not in text or "Inconsistent aliasing" in text:
                 raise
             raise ValueError(
                 "vmap: a value that is not mapped (axis None: a broadcast Variable or array, "
@@ -501,7 +551,9 @@ def vmap(
         out_axes: where the batch axis goes in the output: one spec for all of it, or a
             tuple with one per item of a tuple output; a spec is an int, `None` (the
             same for every example) or a `StateAxes` (per filter, for an output
-            holding Variables).
+            holding Variables). An object of the arguments returned keeps its
+            `in_axes`; `out_axes` giving one of its Variables another axis raises a
+            `ValueError` ("Inconsistent aliasing detected", as Flax NNX's).
         transform_metadata: `{PARTITION_NAME: name}`, naming the batch axis in the
             `sharding` metadata (another key names another tuple-valued metadata
             entry, which gets its value inserted likewise, as in Flax NNX).
