@@ -54,3 +54,16 @@ def test_a_state_whose_leaves_are_not_axes_is_refused():
         StateAxes(pg.state(Stats()))
     with pytest.raises(TypeError, match=r"gives True at \.s"):
         StateAxes(State({"s": True}))
+
+
+def test_map_prefix_gives_the_axis_of_a_path_as_nnx():
+    state = pg.state(Stats())
+    state["w"] = 0
+    state["s"] = None
+    axes = StateAxes(state)
+    assert axes.map_prefix(("w",), None) == 0 and axes.map_prefix(["s"], None) is None
+    by_filter = StateAxes({Param: 1, ...: None})
+    assert by_filter.map_prefix(("w",), Param(1.0)) == 1
+    assert by_filter.map_prefix(("s",), BatchStat(1.0)) is None
+    with pytest.raises(ValueError, match=r"StateAxes.map_prefix: no filter .* matches .* at \.x"):
+        axes.map_prefix(("x",), None)

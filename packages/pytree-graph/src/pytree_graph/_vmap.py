@@ -84,6 +84,23 @@ class StateAxes(FilterSpecs):
         """The axis of the leaf at `path` (within its argument)."""
         return self.spec_of(path, leaf, transform)
 
+    def map_prefix(self, path: Any, variable: Any, /) -> Any:
+        """Flax NNX's name for `axis_of`: the axis of `variable` (a Variable or value; None
+        where only the path decides) at `path` (a tuple of keys within its argument).
+
+        Raises:
+            ValueError: no filter matches, naming the path.
+
+        Examples:
+            >>> from pytree_graph import BatchStat, Param, State, StateAxes
+            >>> axes = StateAxes(State({"w": Param(0), "stats": {"mean": BatchStat(1)}}))
+            >>> axes.map_prefix(("stats", "mean"), None), axes.map_prefix(("w",), None)
+            (1, 0)
+            >>> StateAxes({Param: None, ...: 0}).map_prefix(("w",), Param(1.0)) is None
+            True
+        """
+        return self.spec_of(tuple(path), variable, "StateAxes.map_prefix")
+
     def show_spec(self, spec: Any) -> str:
         return show_axis(spec)
 
