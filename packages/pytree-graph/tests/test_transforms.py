@@ -8,7 +8,7 @@ import pytest
 import pytree_filter
 import pytree_graph as pg
 from pytree_graph import BatchStat, Cache, Param, Perturbation, State, StateAxes, Variable
-from pytree_module import Module, TraceContextError
+from pytree_module import Module, TraceContextError, data
 
 
 class Linear(Module):
@@ -442,6 +442,63 @@ def test_vmap_returning_an_argument_object_keeps_one_axis():
         pg.vmap(lambda m: m, in_axes=(axes,), out_axes=1)(
             pg.vmap(lambda _: Tied(), in_axes=0, out_axes=axes)(jnp.arange(2))
         )
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        lambda f: pg.vmap(f, in_axes=0, out_axes=0),
+        pg.jit,
+        lambda f: pg.grad(f, has_aux=True),
+    ],
+    ids=["vmap", "jit", "grad"],
+)
+def test_returning_a_captured_module_raises(transform):
+    captured = Affine()
+
+    def f(x):
+        return x.sum(), captured
+
+    with pytest.raises(
+        TraceContextError,
+        match=r"Trying to extract graph node from different trace level: the output holds "
+        r"a Affine made outside the transform and captured by the function",
+    ):
+        transform(f)(jnp.ones((2, 3)))
+    # Made inside, or passed in, it comes back.
+    made = pg.jit(lambda x: (x, Affine()))(jnp.ones(2))[1]
+    assert isinstance(made, Affine) and float(made.w.value) == 2.0
+    assert pg.jit(lambda m, x: (x, m))(captured, jnp.ones(2))[1] is captured
+
+
+def test_jit_may_make_a_cycle_through_a_pytree_false_module():
+    traces = []
+
+    class Node(Module, pytree=False):
+        def __init__(self):
+            self.ref = None
+            self.w = Param(jnp.ones(2))
+
+    @pg.jit
+    def close(m):
+        traces.append(1)
+        m.ref = m
+        return m
+
+    node = Node()
+    assert close(node) is node and node.ref is node
+    close(node)  # the new structure (the cycle) traces once more, then is reused
+    close(node)
+    assert len(traces) == 2 and node.ref is node
+
+    class PytreeNode(Module):
+        def __init__(self):
+            self.ref = data(None)
+
+    with pytest.raises(
+        ValueError, match=r"cycle through PytreeNode .* pytree Modules must form a tree"
+    ):
+        close(PytreeNode())
 
 
 def test_vmap_builds_an_ensemble():

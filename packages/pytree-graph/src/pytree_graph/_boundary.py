@@ -28,7 +28,8 @@ from typing import Any
 
 import jax
 
-from pytree_module import Module, Partial
+from pytree_module import Module, Partial, TraceContextError
+from pytree_module.extend import same_trace, trace_of
 
 from ._graphdef import Builder, GraphDef
 from ._lift import Reordered, in_leaf_order, value_of
@@ -206,7 +207,10 @@ class _After:
                         self.changed.append(position)
                     else:
                         self.arrays_replaced = True
+        num_objects = len(objects)
         self.out_record = walk.visit(out, ("<output>",))
+        for obj in walk.objects[num_objects:]:
+            _check_made_here(obj)
         self.out_values = list(map(value_of, walk.leaves[self.num_leaves :]))
         self.paths = walk.paths  # the arguments' leaves, then the output's
         self.leaves = walk.leaves  # the Variables and arrays at those paths
@@ -215,6 +219,31 @@ class _After:
         # Set by `Inside.finish`: the position (in `paths`) of each value it returned, in
         # order (a derivative rule maps the cotangents of those values back to paths).
         self.returned: range | list[int] = range(0)
+
+
+def _check_made_here(obj: Any) -> None:
+    """Refuse an object of the output that is neither an argument nor made inside the
+    transform: one the function captured from outside. Returning it would hand back a
+    copy made of the transform's values (or leak its tracers), not the object itself.
+
+    Raises:
+        TraceContextError: with Flax NNX's words, naming the object's type.
+    """
+    if isinstance(obj, Variable):
+        token = obj._pg_trace
+    elif isinstance(obj, Module):
+        token = trace_of(obj)
+    else:
+        return
+    if not same_trace(token):
+        kind = type(obj).__name__
+        raise TraceContextError(
+            "Trying to extract graph node from different trace level: the output holds a "
+            f"{kind} made outside the transform and captured by the function, not passed "
+            f"to it, so the {kind} returned could only be a copy of it. Pass it to the "
+            "function as an argument (it then comes back as the caller's object), or "
+            "return a new object made inside."
+        )
 
 
 def holds_graph_nodes(value: Any) -> bool:
