@@ -69,3 +69,18 @@ def test_both_names_with_different_values_are_refused():
     assert p.get_metadata() == {"sharding": ("a",)}  # unchanged
     with pytest.raises(ValueError, match="two names"):
         VariableMetadata(jnp.ones(2), sharding=("a",), out_sharding=("c",))
+
+
+def test_sharding_names_is_one_more_name_for_the_entry():
+    # NNX's earlier name, which NNX 0.12 still reads (with a deprecation warning).
+    p = Param(jnp.ones((2, 3)), sharding_names=("din", "dout"))
+    assert p.get_metadata() == {"sharding": ("din", "dout")}
+    assert p.sharding_names == p.out_sharding == ("din", "dout")
+    init = with_metadata(
+        lambda key, shape, dtype: jnp.zeros(shape, dtype), sharding_names=("din", "dout")
+    )
+    assert Param(init(None, (2, 2), jnp.float32)).sharding == ("din", "dout")
+    with pytest.raises(ValueError, match=r"out_sharding=\('a',\) and sharding_names=\('b',\)"):
+        Param(jnp.ones(2), out_sharding=("a",), sharding_names=("b",))
+    with pytest.raises(AttributeError, match="`sharding_names` is Flax NNX's name"):
+        Param(jnp.ones(2)).sharding_names  # noqa: B018

@@ -451,9 +451,14 @@ def scan(
     In both forms Variables written inside are written back: the carry's final values,
     and, for scanned objects, every step's values stacked. The structure of what comes
     in must not change inside, and a `Carry` output must have the structure (and the
-    objects) of the `Carry` argument. A Variable in a broadcast (`None`) argument must
-    not be written: it would take one value for every step, which a loop cannot give
-    (Flax NNX drops such writes silently); carry it instead.
+    sharing) of the `Carry` argument (new objects are fine: their values go to the
+    caller's). A broadcast (`None`) argument is the same for every step: each step reads
+    the values it came in with, as Flax NNX's graph mode gives them (so a broadcast RNG
+    stream gives every step the same key: recurrent dropout's one mask). A Variable of it
+    that the function writes gets the value the last step wrote (the stream's count
+    moves on once, so the next call draws new keys), where NNX's graph mode drops the
+    write. To have each step see the previous step's write, make it `Carry` (or a
+    `StateAxes` entry `Carry`).
 
     The two forms are told apart by `init` alone: `scan(f, init, xs)` and
     `scan(f, init=...)` are `jax.lax.scan`'s (`init` may be `None`, for no carry);
@@ -637,16 +642,18 @@ def _check_role(spec: Any, where: str, output: bool) -> None:
     if spec is None and not output:
         return
     if spec is None:
-        raise TypeError(
-            f"scan: {where} is None, but an output cannot be broadcast: each step gives "
-            "its own. Stack it along an axis (an int), or make it the carry (Carry)."
+        # ValueError with NNX's opening words: a valid role in the wrong place.
+        raise ValueError(
+            f"scan: Cannot broadcast output state: {where} is None, but each step gives its "
+            "own output. Stack it along an axis (an int), or make it the carry (Carry)."
         )
     if isinstance(spec, StateAxes):
         for _, axis in spec.items():
             if output and (axis is None or axis is Carry):
-                raise TypeError(
-                    f"scan: {where} is {spec!r}, but an output's StateAxes takes ints only "
-                    "(the axis each of its Variables is stacked along)."
+                raise ValueError(
+                    f"scan: Cannot broadcast output state. Got StateAxes: {where} is "
+                    f"{spec!r}, but an output's StateAxes takes ints only (the axis each of "
+                    "its Variables is stacked along)."
                 )
         return
     raise TypeError(
@@ -676,6 +683,15 @@ def _carry_index(axes: Any) -> int | None:
     if isinstance(axes, tuple) and Carry in axes:
         return axes.index(Carry)
     return None
+
+
+class _BroadcastWritten(Exception):
+    """Raised out of a traced step of `scan` that wrote broadcast leaves not yet given a
+    slot for their last write: the loop is traced again with one for each."""
+
+    def __init__(self, positions: list[int]):
+        super().__init__(positions)
+        self.positions = positions
 
 
 class _StepInfo:
@@ -823,16 +839,29 @@ class _GraphScan(BindsAsMethod):
             )
         values = lifted.values
         xs = [values[p] if roles[p] == 0 else jnp.moveaxis(values[p], roles[p], 0) for p in scanned]
-        body = self._body(lifted, roles, carried, scanned)
-        final, (written, y_values, info) = jax.lax.scan(
-            body, [values[p] for p in carried], xs, **self._scan_kwargs
-        )
+        # Broadcast leaves the function writes get a slot in the carry for the last step's
+        # write; which ones is known only once a step is traced, so the loop is traced again
+        # with those slots when the first trace finds a write (never when nothing is written).
+        kept: tuple[int, ...] = ()
+        while True:
+            body = self._body(lifted, roles, carried, scanned, kept)
+            init = [values[p] for p in carried] + [values[p] for p in kept]
+            try:
+                final, (written, y_values, info) = jax.lax.scan(
+                    body, init, xs, **self._scan_kwargs
+                )
+            except _BroadcastWritten as found:
+                kept = tuple(sorted({*kept, *found.positions}))
+                continue
+            break
         full = list(values)
-        for position, value in zip(carried, final, strict=True):
+        for position, value in zip(carried + list(kept), final, strict=True):
             full[position] = value
         for position, value in zip(info.written, written, strict=True):
             full[position] = place_axis(value, roles[position])
-        carry = self._write_back(lifted, full, info.carried_changed + info.written, args)
+        carry = self._write_back(
+            lifted, full, info.carried_changed + kept + info.written, args
+        )
         ys = build(
             info.y_graphdef,
             [place_axis(v, axis) for v, axis in zip(y_values, info.y_axes, strict=True)],
@@ -880,7 +909,12 @@ class _GraphScan(BindsAsMethod):
         return None, out
 
     def _body(
-        self, lifted: LiftedCall, roles: list[Any], carried: list[int], scanned: list[int]
+        self,
+        lifted: LiftedCall,
+        roles: list[Any],
+        carried: list[int],
+        scanned: list[int],
+        kept: tuple[int, ...],
     ) -> Callable[..., Any]:
         call, metadata, carry_in = self._call, self._metadata, self._carry_in
         broadcast = [p for p, role in enumerate(roles) if role is None]
@@ -890,7 +924,9 @@ class _GraphScan(BindsAsMethod):
 
         def body(carry_values: list[Any], x_values: list[Any]) -> Any:
             values = list(lifted.values)  # broadcast values: the same every step
-            for position, value in zip(carried, carry_values, strict=True):
+            # (the carry's slots after the carried values hold the last writes of `kept`
+            # broadcast leaves: written, never read)
+            for position, value in zip(carried, carry_values[: len(carried)], strict=True):
                 values[position] = value
             for position, value in zip(scanned, x_values, strict=True):
                 values[position] = value
@@ -930,15 +966,16 @@ class _GraphScan(BindsAsMethod):
                 "scan",
                 "the function",
             )
-            for position in broadcast:
-                if after[position] is not values[position]:
-                    raise ValueError(
-                        f"scan: the function wrote the {type(walk.leaves[position]).__name__} "
-                        f"at {where(position)}, which in_axes broadcasts (None: the same "
-                        "value every step), so the loop cannot give it one value. Carry it "
-                        "(Carry, or StateAxes({BatchStat: Carry, ...: None}) for part of an "
-                        "argument), or scan over it (an int)."
-                    )
+            found = [p for p in broadcast if p not in kept and after[p] is not values[p]]
+            if found:
+                raise _BroadcastWritten(found)
+            check_carried_types(
+                [values[p] for p in kept],
+                [after[p] for p in kept],
+                lambda i: where(kept[i]),
+                "scan",
+                "the function (writing a broadcast argument)",
+            )
             written = tuple(p for p in scanned if after[p] is not values[p])
             y_walk = GraphWalk()
             y_graphdef = y_walk.graphdef(ys)
@@ -955,6 +992,11 @@ class _GraphScan(BindsAsMethod):
             y_values = list(map(value_of, y_walk.leaves))
             carried_changed = tuple(p for p in carried if after[p] is not values[p])
             info = _StepInfo(carried_changed, written, y_graphdef, y_axes)
-            return [after[p] for p in carried], ([after[p] for p in written], y_values, info)
+            last_writes = [after[p] for p in kept]
+            return [after[p] for p in carried] + last_writes, (
+                [after[p] for p in written],
+                y_values,
+                info,
+            )
 
         return body

@@ -107,34 +107,38 @@ class _ArrayBackedKind(_Kind):
 _kinds: dict[tuple[type, Any], _Kind] = {}
 _MISSING: Any = object()
 
-# Flax NNX 0.12 keeps a Variable's mesh axes under `out_sharding`; here they are `sharding`
-# (what `get_partition_spec`, `with_partitioning` and the layers' `*_sharding=` use). The
-# NNX name is read and written as another name for the same entry, so code written for
-# either library finds the axes and no Variable ever holds both.
-_SHARDING_ALIAS = "out_sharding"
+# Flax NNX 0.12 keeps a Variable's mesh axes under `out_sharding` (earlier `sharding_names`,
+# which it still reads); here they are `sharding` (what `get_partition_spec`,
+# `with_partitioning` and the layers' `*_sharding=` use). The NNX names are read and written
+# as other names for the same entry, so code written for either library finds the axes and
+# no Variable ever holds two of them.
+_SHARDING_ALIASES = frozenset({"out_sharding", "sharding_names"})
 # The metadata entries saying a Variable is array-backed (see `Variable`).
 _FLAGS = ("ref", "hijax")
 
 
 def _entry_name(name: Any) -> Any:
     """The name a metadata entry is kept under (`out_sharding` is kept as `sharding`)."""
-    return "sharding" if name == _SHARDING_ALIAS else name
+    return "sharding" if name in _SHARDING_ALIASES else name
 
 
 def canonical_metadata(owner: str, metadata: Mapping[str, Any]) -> Mapping[str, Any]:
-    """`metadata` with an `out_sharding` entry renamed `sharding`; both given, with
-    different values, is an error."""
-    if _SHARDING_ALIAS not in metadata:
+    """`metadata` with an `out_sharding` (or `sharding_names`) entry renamed `sharding`;
+    two of them given, with different values, is an error."""
+    aliases = [name for name in metadata if name in _SHARDING_ALIASES]
+    if not aliases:
         return metadata
-    axes = metadata[_SHARDING_ALIAS]
-    if "sharding" in metadata and static_key(metadata["sharding"]) != static_key(axes):
-        raise ValueError(
-            f"{owner} got sharding={metadata['sharding']!r} and out_sharding={axes!r}: two "
-            "names (out_sharding is Flax NNX's) for the one entry kept as `sharding`. Give "
-            "one of them."
-        )
-    renamed = {name: value for name, value in metadata.items() if name != _SHARDING_ALIAS}
-    renamed["sharding"] = axes
+    given = [name for name in ("sharding", *sorted(aliases)) if name in metadata]
+    first = metadata[given[0]]
+    for name in given[1:]:
+        if static_key(metadata[name]) != static_key(first):
+            raise ValueError(
+                f"{owner} got {given[0]}={first!r} and {name}={metadata[name]!r}: two names "
+                "(out_sharding and sharding_names are Flax NNX's) for the one entry kept as "
+                "`sharding`. Give one of them."
+            )
+    renamed = {name: value for name, value in metadata.items() if name not in _SHARDING_ALIASES}
+    renamed["sharding"] = first
     return renamed
 
 
@@ -287,7 +291,7 @@ class Variable:
     def __init__(
         self, value: Any, *, hijax: bool | None = None, ref: bool | None = None, **metadata: Any
     ):
-        if _SHARDING_ALIAS in metadata:
+        if not _SHARDING_ALIASES.isdisjoint(metadata):
             metadata = canonical_metadata(f"{type(self).__name__}(...)", metadata)
         if type(value) is VariableMetadata:
             value, metadata = value.value, _merged(type(self).__name__, value.metadata, metadata)
@@ -627,13 +631,13 @@ class Variable:
         metadata = self._pg_flat[1].metadata
         if name in metadata:
             return metadata[name]
-        if name == _SHARDING_ALIAS:
+        if name in _SHARDING_ALIASES:
             # Not the value's own `.sharding` (a jax.Array has one): the metadata only.
             if "sharding" in metadata:
                 return metadata["sharding"]
             raise AttributeError(
-                f"{type(self).__name__} has no `sharding` metadata (`out_sharding` is Flax "
-                f"NNX's name for it). Metadata: {sorted(metadata) or 'none'}."
+                f"{type(self).__name__} has no `sharding` metadata (`{name}` is Flax NNX's "
+                f"name for it). Metadata: {sorted(metadata) or 'none'}."
             )
         try:
             return getattr(self._pg_flat[0][0], name)
