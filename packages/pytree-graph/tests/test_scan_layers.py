@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 import pytree_graph as pg
-from pytree_graph import PARTITION_NAME, BatchStat, Carry, Param, StateAxes
+from pytree_graph import PARTITION_NAME, BatchStat, Carry, Intermediate, Param, StateAxes
 from pytree_module import Module
 
 
@@ -203,6 +203,85 @@ def test_a_broadcast_write_keeps_a_tie_and_is_traced_again_only_when_written():
     assert len(traces) == 1
 
 
+def test_variables_added_in_each_step_come_back_stacked_at_their_axis():
+    # As Flax NNX: what a step adds (e.g. `sow`'s Intermediate) is stacked along the axis
+    # in_axes gives it, and the caller's object gets it; the tie of the model is kept.
+    class Tied(Module):
+        def __init__(self):
+            self.w = Param(jnp.arange(6.0).reshape(3, 2))
+            self.v = self.w
+
+    model = Tied()
+
+    @pg.scan(in_axes=(StateAxes({(Param, Intermediate): 0, ...: Carry}), Carry))
+    def run(m, x):
+        x = x * m.w.value
+        m.seen = Intermediate(x)
+        m.v.value = m.v.value + 1
+        return x, None
+
+    x, _ = run(model, jnp.ones(2))
+    assert model.seen.value.shape == (3, 2)
+    assert model.seen.value.tolist() == [[0.0, 1.0], [0.0, 3.0], [0.0, 15.0]]
+    assert model.v is model.w and model.w.value.tolist() == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+    assert x.tolist() == [0.0, 15.0]
+
+    @pg.scan(in_axes=(StateAxes({Param: 0, Intermediate: 1, ...: Carry}), Carry))
+    def at_axis_1(m, x):
+        m.rows = Intermediate(x[:, None] * jnp.ones(4))
+        return x, None
+
+    assert pg.pop(model, Intermediate)["seen"].value.shape == (3, 2)
+    at_axis_1(model, jnp.ones(2))
+    assert model.rows.value.shape == (2, 3, 4)
+
+
+def test_adding_what_the_loop_cannot_stack_is_refused():
+    class Model(Module):
+        def __init__(self):
+            self.w = Param(jnp.ones((3, 2)))
+
+    model = Model()
+
+    @pg.scan(in_axes=(StateAxes({Param: 0, ...: Carry}), Carry))
+    def carried(m, x):
+        m.count = BatchStat(jnp.zeros(()))
+        return x, None
+
+    with pytest.raises(ValueError, match=r"added the BatchStat at argument 0 at \.count, whose role in in_axes is Carry"):
+        carried(model, jnp.ones(2))
+    assert not hasattr(model, "count")  # nothing half-changed
+
+    @pg.scan(in_axes=(StateAxes({Param: 0, ...: Carry}), Carry))
+    def removes(m, x):
+        del m.w
+        m.u = Param(x)
+        return x, None
+
+    with pytest.raises(ValueError, match="do not have the structure they came in with"):
+        removes(model, jnp.ones(2))
+    assert model.w.value.shape == (3, 2) and not hasattr(model, "u")
+
+
+def test_added_variables_get_the_layer_axis_in_their_sharding():
+    class Model(Module):
+        def __init__(self):
+            self.w = Param(jnp.ones((3, 2)), sharding=("layers", None))
+
+    model = Model()
+
+    @pg.scan(
+        in_axes=(StateAxes({(Param, Intermediate): 0, ...: Carry}), Carry),
+        transform_metadata={PARTITION_NAME: "layers"},
+    )
+    def run(m, x):
+        m.seen = Intermediate(x * m.w.value, sharding=("model",))
+        return x, None
+
+    run(model, jnp.ones(2))
+    assert model.seen.sharding == ("layers", "model") and model.seen.value.shape == (3, 2)
+
+
 def test_a_broadcast_write_of_another_shape_is_refused():
     class Counter(Module):
         def __init__(self):
@@ -316,7 +395,7 @@ def test_errors_name_what_is_wrong():
         def __init__(self):
             self.w = Param(jnp.zeros(()))
 
-    with pytest.raises(ValueError, match="do not have the structure they came in with"):
+    with pytest.raises(ValueError, match=r"added the Param at argument 0 at \.extra, whose role"):
         grow(Holder(), jnp.arange(2.0))
     with pytest.raises(ValueError, match="one object, but in_axes gives it two specs"):
         pg.scan(lambda a, b: a, in_axes=(Carry, 0), out_axes=Carry)(blocks, blocks)

@@ -38,6 +38,7 @@ from ._graph_mode import resolve_modes
 from ._graphdef import Builder, GraphDef, build
 from ._lift import LiftedCall, lift_once, value_of
 from ._outcome import StructureChanged, ValuesChanged
+from ._records import NONE_RECORD
 from ._transform_metadata import TransformMetadata
 from ._traverse import GraphWalk
 from ._tree_transforms import (
@@ -450,8 +451,10 @@ def scan(
 
     In both forms Variables written inside are written back: the carry's final values,
     and, for scanned objects, every step's values stacked. The structure of what comes
-    in must not change inside, and a `Carry` output must have the structure (and the
-    sharing) of the `Carry` argument (new objects are fine: their values go to the
+    in must not change inside, but for Variables added where `in_axes` gives them an
+    axis (`sow` in each step, under `StateAxes({Intermediate: 0, ...: Carry})`): each
+    step's are stacked along it and the caller's object gets them, as in Flax NNX. A
+    `Carry` output must have the structure (and the sharing) of the `Carry` argument (new objects are fine: their values go to the
     caller's). A broadcast (`None`) argument is the same for every step: each step reads
     the values it came in with, as Flax NNX's graph mode gives them (so a broadcast RNG
     stream gives every step the same key: recurrent dropout's one mask). A Variable of it
@@ -685,6 +688,113 @@ def _carry_index(axes: Any) -> int | None:
     return None
 
 
+_STRUCTURE_CHANGED = (
+    "scan: after a step, the arguments (with the Carry argument replaced by the carry "
+    "returned) do not have the structure they came in with: the function returned a carry "
+    "of another structure than the Carry argument, or changed the structure of an argument "
+    "(removed or replaced an attribute or submodule, or changed a Variable's metadata). "
+    "Return the carry as it came in, with new values only, and make structural changes "
+    "outside the loop. (Adding Variables is fine where in_axes gives them an axis, e.g. "
+    "`sow` under StateAxes({Intermediate: 0, ...: Carry}): each step's are stacked.)"
+)
+
+
+class _Added:
+    """Objects a step of `scan` added to its arguments (a static pytree): the arguments'
+    structure after the step, the leaf position after it of each leaf that came in
+    (`old_at`), the positions of the new leaves (`created`) and the axis each is stacked
+    along, and, for each object after, the index of the object it was (-1 for new)."""
+
+    __slots__ = ("axes", "created", "graphdef", "old_at", "origins")
+
+    def __init__(
+        self,
+        graphdef: GraphDef,
+        old_at: tuple[int, ...],
+        created: tuple[int, ...],
+        axes: tuple[int, ...],
+        origins: tuple[int, ...],
+    ):
+        self.graphdef = graphdef
+        self.old_at = old_at
+        self.created = created
+        self.axes = axes
+        self.origins = origins
+
+    def _key(self) -> tuple:
+        return (self.graphdef, self.old_at, self.created, self.axes, self.origins)
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Added and self._key() == other._key()
+
+    def apply(self, lifted: LiftedCall, values: list[Any], created: list[Any]) -> None:
+        """Give the caller's objects the structure after the loop: `values` for the leaves
+        that came in (in their leaf order), `created` (stacked at axis 0) for the new."""
+        leaves: list[Any] = [None] * self.graphdef.num_leaves
+        for position, at in enumerate(self.old_at):
+            leaves[at] = values[position]
+        for at, axis, value in zip(self.created, self.axes, created, strict=True):
+            leaves[at] = jax.tree.map(lambda x, axis=axis: place_axis(x, axis), value)
+        outcome = StructureChanged(
+            args=self.graphdef.root,
+            out=NONE_RECORD,
+            origins=self.origins,
+            num_objects=self.graphdef.num_objects,
+        )
+        lifted.apply(outcome, leaves)
+
+
+def _added_objects(
+    lifted: LiftedCall,
+    inside: Inside,
+    tree: Any,
+    walked: tuple[GraphWalk, GraphDef],
+    role_of: Callable[[tuple, Any], Any],
+    metadata: TransformMetadata | None,
+    call: Call,
+) -> tuple[GraphWalk, "_Added"]:
+    """The walk of the arguments after a step that changed their structure, and what it
+    added; refuse any change but new leaves (and objects) given an axis by in_axes."""
+    walk, graphdef = walked
+    old_positions = {path: position for position, path in enumerate(lifted.paths)}
+    old_at: list[int | None] = [None] * len(lifted.paths)
+    created = []
+    for at, path in enumerate(walk.paths):
+        position = old_positions.get(path)
+        if position is None:
+            created.append(at)
+        else:
+            old_at[position] = at
+    built = {id(obj) for obj in inside.objects}
+    if None in old_at or sum(id(obj) in built for obj in walk.objects) != len(built):
+        raise ValueError(_STRUCTURE_CHANGED)
+    axes = []
+    for at in created:
+        path, leaf = walk.paths[at], walk.leaves[at]
+        axis = role_of(path, leaf)
+        if axis is None or axis is Carry:
+            raise ValueError(
+                f"scan: the function added the {type(leaf).__name__} at "
+                f"{show_argument_path(call, path)}, whose role in in_axes is "
+                f"{'Carry' if axis is Carry else 'None (broadcast)'}; a loop can add only what "
+                "it stacks, one value per step. Give it an axis (e.g. StateAxes({Intermediate: "
+                "0, ...: Carry}) for `sow`), or create it outside the loop."
+            )
+        axes.append(axis)
+    if metadata is not None:
+        for at, axis in zip(created, axes, strict=True):
+            if isinstance(walk.leaves[at], Variable):
+                metadata.add_axis(walk.leaves[at], axis)
+        walk = GraphWalk()
+        graphdef = walk.graphdef(tree)
+    index_of = {id(obj): i for i, obj in enumerate(inside.objects)}
+    origins = tuple(index_of.get(id(obj), -1) for obj in walk.objects)
+    return walk, _Added(graphdef, tuple(old_at), tuple(created), tuple(axes), origins)
+
+
 class _BroadcastWritten(Exception):
     """Raised out of a traced step of `scan` that wrote broadcast leaves not yet given a
     slot for their last write: the loop is traced again with one for each."""
@@ -697,9 +807,10 @@ class _BroadcastWritten(Exception):
 class _StepInfo:
     """What a traced step of `scan` found out (a static pytree, returned by the loop):
     the positions of the carried leaves that change and of the scanned leaves it wrote,
-    and the structure of its stacked output and the axis of each of its values."""
+    the structure of its stacked output and the axis of each of its values, and the
+    objects it added to the arguments, if any."""
 
-    __slots__ = ("carried_changed", "written", "y_axes", "y_graphdef")
+    __slots__ = ("added", "carried_changed", "written", "y_axes", "y_graphdef")
 
     def __init__(
         self,
@@ -707,14 +818,16 @@ class _StepInfo:
         written: tuple[int, ...],
         y_graphdef: GraphDef,
         y_axes: tuple,
+        added: "_Added | None",
     ):
         self.carried_changed = carried_changed
         self.written = written
         self.y_graphdef = y_graphdef
         self.y_axes = y_axes
+        self.added = added
 
     def _key(self) -> tuple:
-        return (self.carried_changed, self.written, self.y_graphdef, self.y_axes)
+        return (self.carried_changed, self.written, self.y_graphdef, self.y_axes, self.added)
 
     def __hash__(self) -> int:
         return hash(self._key())
@@ -844,10 +957,10 @@ class _GraphScan(BindsAsMethod):
         # with those slots when the first trace finds a write (never when nothing is written).
         kept: tuple[int, ...] = ()
         while True:
-            body = self._body(lifted, roles, carried, scanned, kept)
+            body = self._body(lifted, roles, carried, scanned, kept, role_of)
             init = [values[p] for p in carried] + [values[p] for p in kept]
             try:
-                final, (written, y_values, info) = jax.lax.scan(
+                final, (written, y_values, created, info) = jax.lax.scan(
                     body, init, xs, **self._scan_kwargs
                 )
             except _BroadcastWritten as found:
@@ -859,9 +972,13 @@ class _GraphScan(BindsAsMethod):
             full[position] = value
         for position, value in zip(info.written, written, strict=True):
             full[position] = place_axis(value, roles[position])
-        carry = self._write_back(
-            lifted, full, info.carried_changed + kept + info.written, args
-        )
+        changed = info.carried_changed + kept + info.written
+        if info.added is not None:
+            # Objects were added (e.g. `sow` in every step): the caller's graph takes the
+            # new structure, with every value, the new Variables' stacked at their axes.
+            info.added.apply(lifted, full, created)
+            changed = ()
+        carry = self._write_back(lifted, full, changed, args)
         ys = build(
             info.y_graphdef,
             [place_axis(v, axis) for v, axis in zip(y_values, info.y_axes, strict=True)],
@@ -915,6 +1032,7 @@ class _GraphScan(BindsAsMethod):
         carried: list[int],
         scanned: list[int],
         kept: tuple[int, ...],
+        role_of: Callable[[tuple, Any], Any],
     ) -> Callable[..., Any]:
         call, metadata, carry_in = self._call, self._metadata, self._carry_in
         broadcast = [p for p, role in enumerate(roles) if role is None]
@@ -948,17 +1066,17 @@ class _GraphScan(BindsAsMethod):
             if carry_in is not None:
                 tree = _with_argument(call, tree, carry_in, numbers_as_arrays(carry))
             walk = GraphWalk()
-            if walk.graphdef(tree) != lifted.graphdef:
-                raise ValueError(
-                    "scan: after a step, the arguments (with the Carry argument replaced by "
-                    "the carry returned) do not have the structure they came in with: the "
-                    "function returned a carry of another structure than the Carry "
-                    "argument, or changed the structure of an argument (added, removed or "
-                    "replaced an attribute or submodule, or changed a Variable's metadata). "
-                    "Return the carry as it came in, with new values only, and make "
-                    "structural changes outside the loop."
+            added = None
+            graphdef = walk.graphdef(tree)
+            if graphdef != lifted.graphdef:
+                walk, added = _added_objects(
+                    lifted, inside, tree, (walk, graphdef), role_of, metadata, call
                 )
             after = list(map(value_of, walk.leaves))
+            created: list[Any] = []
+            if added is not None:
+                created = [after[i] for i in added.created]
+                after = [after[i] for i in added.old_at]
             check_carried_types(
                 [values[p] for p in carried],
                 [after[p] for p in carried],
@@ -991,11 +1109,12 @@ class _GraphScan(BindsAsMethod):
                 y_graphdef = GraphWalk().graphdef(ys)
             y_values = list(map(value_of, y_walk.leaves))
             carried_changed = tuple(p for p in carried if after[p] is not values[p])
-            info = _StepInfo(carried_changed, written, y_graphdef, y_axes)
+            info = _StepInfo(carried_changed, written, y_graphdef, y_axes, added)
             last_writes = [after[p] for p in kept]
             return [after[p] for p in carried] + last_writes, (
                 [after[p] for p in written],
                 y_values,
+                created,
                 info,
             )
 
