@@ -248,7 +248,7 @@ def test_adding_what_the_loop_cannot_stack_is_refused():
         m.count = BatchStat(jnp.zeros(()))
         return x, None
 
-    with pytest.raises(ValueError, match=r"added the BatchStat at argument 0 at \.count, whose role in in_axes is Carry"):
+    with pytest.raises(ValueError, match=r"added the BatchStat at argument 0 at \.count, whose"):
         carried(model, jnp.ones(2))
     assert not hasattr(model, "count")  # nothing half-changed
 

@@ -454,14 +454,14 @@ def scan(
     in must not change inside, but for Variables added where `in_axes` gives them an
     axis (`sow` in each step, under `StateAxes({Intermediate: 0, ...: Carry})`): each
     step's are stacked along it and the caller's object gets them, as in Flax NNX. A
-    `Carry` output must have the structure (and the sharing) of the `Carry` argument (new objects are fine: their values go to the
-    caller's). A broadcast (`None`) argument is the same for every step: each step reads
-    the values it came in with, as Flax NNX's graph mode gives them (so a broadcast RNG
-    stream gives every step the same key: recurrent dropout's one mask). A Variable of it
-    that the function writes gets the value the last step wrote (the stream's count
-    moves on once, so the next call draws new keys), where NNX's graph mode drops the
-    write. To have each step see the previous step's write, make it `Carry` (or a
-    `StateAxes` entry `Carry`).
+    `Carry` output must have the structure (and the sharing) of the `Carry` argument
+    (new objects are fine: their values go to the caller's). A broadcast (`None`)
+    argument is the same for every step: each step reads the values it came in with, as
+    Flax NNX's graph mode gives them (so a broadcast RNG stream gives every step the
+    same key: recurrent dropout's one mask). A Variable of it that the function writes
+    gets the value the last step wrote (the stream's count moves on once, so the next
+    call draws new keys), where NNX's graph mode drops the write. To have each step see
+    the previous step's write, make it `Carry` (or a `StateAxes` entry `Carry`).
 
     The two forms are told apart by `init` alone: `scan(f, init, xs)` and
     `scan(f, init=...)` are `jax.lax.scan`'s (`init` may be `None`, for no carry);
