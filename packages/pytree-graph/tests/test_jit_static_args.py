@@ -142,6 +142,24 @@ def test_donate_argnames_donates_that_arguments_variables_and_keeps_them_live():
     assert model.a.w is model.b.w and model.b.w.value[0, 0] == 1.0
 
 
+def test_none_for_an_option_is_jax_jits_default_not_given():
+    # jax.jit's defaults are None: passing them on (e.g. from a wrapper) changes nothing.
+    for graph in (True, False):
+        f = pg.jit(
+            lambda x, n: x * n,
+            static_argnums=None,
+            static_argnames=None,
+            donate_argnums=None,
+            donate_argnames=None,
+            graph=graph,
+        )
+        assert f(jnp.ones(2), 3.0).tolist() == [3.0, 3.0]
+    model = Tied()
+    step = pg.jit(lambda model, x: model.a(x), donate_argnums=None, donate_argnames="model")
+    assert step(model, jnp.ones((1, 2))).tolist() == [[2.0, 2.0]]
+    assert model.a.w is model.b.w
+
+
 def test_lowered_with_statics_compiles_for_those_statics_only():
     f = pg.jit(lambda m, n: m.w.value * n, static_argnums=1)
     m = Linear()

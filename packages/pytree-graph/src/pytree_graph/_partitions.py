@@ -40,6 +40,20 @@ class _Nothing:
 
 
 NOTHING = _Nothing()
+"""The marker `tree_partition` puts where a partition does not hold the leaf (it went to
+another partition), as refx's `NOTHING`. It is a pytree with no leaves, so a partition goes
+through `jax.grad` or `jax.jit` as it is, and `merge_partitions` takes each place from the
+partition that does not hold `NOTHING` there. It is one object: test with `x is NOTHING`.
+
+Example:
+    >>> import jax.numpy as jnp
+    >>> import pytree_graph as pg
+    >>> (small, rest), treedef = pg.tree_partition(
+    ...     {"a": jnp.zeros(2), "b": jnp.zeros(5)}, lambda path, x: x.size < 3
+    ... )
+    >>> small[("b",)] is pg.NOTHING, rest[("a",)]
+    (True, NOTHING)
+"""
 jax.tree_util.register_pytree_node(_Nothing, lambda _: ((), None), lambda _, __: NOTHING)
 
 

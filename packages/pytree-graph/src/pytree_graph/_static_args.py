@@ -146,7 +146,7 @@ def donated_arguments(
     transform: str,
     static: StaticArguments | None = None,
 ) -> frozenset[int | str]:
-    """A graph `jit`'s `donate_argnums` (`NOT_GIVEN` where it was not) and
+    """A graph `jit`'s `donate_argnums` (`NOT_GIVEN` or None where it was not) and
     `donate_argnames`: the positions and names of the arguments donated (each inferred
     from the other where only one is given).
 
@@ -155,10 +155,9 @@ def donated_arguments(
         ValueError: a position or name `fun` does not have, or an argument both static
             and donated.
     """
-    if argnums is None:
-        donated_positions(argnums, fun, transform)  # refused, naming the option
-    if argnums is NOT_GIVEN:
-        argnums = () if argnames is None else None  # None: inferred from the names
+    if argnums is None or argnums is NOT_GIVEN:
+        # `jax.jit`'s default, None, is "not given" too: inferred from the names.
+        argnums = () if argnames is None else None
     positions, names = resolve_argnums(fun, argnums, argnames, "donate", transform)
     if static is not None:
         both = sorted(positions.intersection(static.positions), key=str) + sorted(
