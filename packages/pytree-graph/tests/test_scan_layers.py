@@ -282,6 +282,51 @@ def test_added_variables_get_the_layer_axis_in_their_sharding():
     assert model.seen.sharding == ("layers", "model") and model.seen.value.shape == (3, 2)
 
 
+def test_a_second_call_of_one_structure_reuses_the_trace_with_its_own_values():
+    # The step's Python runs once per structure (JAX keeps the trace), and each call's
+    # broadcast, carried and scanned values are its own, never the first call's.
+    class Scale(Module):
+        def __init__(self, s):
+            self.s = Param(jnp.array(s))
+            self.t = self.s  # tied
+
+    traces = []
+
+    @pg.scan(in_axes=(Carry, None, 0), out_axes=(Carry, 0))
+    def run(c, m, x):
+        traces.append(1)
+        return c + x * m.s.value, m.t.value
+
+    c, ys = run(jnp.array(0.0), Scale(2.0), jnp.arange(3.0))
+    assert float(c) == 6.0 and ys.tolist() == [2.0, 2.0, 2.0]
+    c, ys = run(jnp.array(1.0), Scale(10.0), jnp.arange(3.0))
+    assert float(c) == 31.0 and ys.tolist() == [10.0, 10.0, 10.0]
+    assert len(traces) == 1
+    run(jnp.array(0.0), Scale(2.0), jnp.arange(4.0))  # more steps: the same step function
+    assert len(traces) == 1
+    run(jnp.zeros(2), Scale(2.0), jnp.ones((3, 2)))  # other shapes: traced again
+    assert len(traces) == 2
+
+
+def test_a_broadcast_python_number_is_part_of_what_the_trace_is_kept_for():
+    class Holder(Module):
+        def __init__(self, n):
+            self.n = BatchStat(n)  # a Python number, not an array
+
+    traces = []
+
+    @pg.scan(in_axes=(Carry, None, 0), out_axes=Carry)
+    def run(c, m, x):
+        traces.append(type(m.n.value))
+        return c + x * m.n.value
+
+    assert float(run(jnp.array(0.0), Holder(2), jnp.arange(3.0))) == 6.0
+    assert float(run(jnp.array(0.0), Holder(3), jnp.arange(3.0))) == 9.0
+    assert traces == [int, int]  # stays a Python number inside; a new one, a new trace
+    assert float(run(jnp.array(0.0), Holder(3), jnp.arange(3.0))) == 9.0
+    assert len(traces) == 2
+
+
 def test_a_broadcast_write_of_another_shape_is_refused():
     class Counter(Module):
         def __init__(self):

@@ -39,6 +39,7 @@ from ._graphdef import Builder, GraphDef, build
 from ._lift import LiftedCall, lift_once, value_of
 from ._outcome import StructureChanged, ValuesChanged
 from ._records import NONE_RECORD
+from ._static import static_key
 from ._transform_metadata import TransformMetadata
 from ._traverse import GraphWalk
 from ._tree_transforms import (
@@ -463,6 +464,10 @@ def scan(
     call draws new keys), where NNX's graph mode drops the write. To have each step see
     the previous step's write, make it `Carry` (or a `StateAxes` entry `Carry`).
 
+    The scanned function (without `init`) keeps its traces: called again with arguments
+    of a structure, shapes and dtypes it has seen, it reuses the step JAX traced, so the
+    function's Python runs once per structure (as `nnx.scan`), however many calls.
+
     The two forms are told apart by `init` alone: `scan(f, init, xs)` and
     `scan(f, init=...)` are `jax.lax.scan`'s (`init` may be `None`, for no carry);
     `scan(f)`, `scan(f, in_axes=...)` and `scan(in_axes=...)` return a scanned function.
@@ -748,7 +753,7 @@ class _Added:
 
 
 def _added_objects(
-    lifted: LiftedCall,
+    paths: tuple,
     inside: Inside,
     tree: Any,
     walked: tuple[GraphWalk, GraphDef],
@@ -759,8 +764,8 @@ def _added_objects(
     """The walk of the arguments after a step that changed their structure, and what it
     added; refuse any change but new leaves (and objects) given an axis by in_axes."""
     walk, graphdef = walked
-    old_positions = {path: position for position, path in enumerate(lifted.paths)}
-    old_at: list[int | None] = [None] * len(lifted.paths)
+    old_positions = {path: position for position, path in enumerate(paths)}
+    old_at: list[int | None] = [None] * len(paths)
     created = []
     for at, path in enumerate(walk.paths):
         position = old_positions.get(path)
@@ -793,6 +798,47 @@ def _added_objects(
     index_of = {id(obj): i for i, obj in enumerate(inside.objects)}
     origins = tuple(index_of.get(id(obj), -1) for obj in walk.objects)
     return walk, _Added(graphdef, tuple(old_at), tuple(created), tuple(axes), origins)
+
+
+def _passes_as_carry(value: Any) -> bool:
+    """Whether a broadcast value can go into `scan`'s loop as (an unchanged part of) its
+    carry: arrays, or a pytree of them (e.g. `sow`'s tuple of records)."""
+    return all(isinstance(leaf, jax.Array | np.ndarray) for leaf in jax.tree.leaves(value))
+
+
+def _step_key(graphdef: GraphDef, roles: list[Any], fixed: dict[int, Any]) -> Any:
+    """What a step of `scan` is traced for: the arguments' structure, each leaf's role,
+    and the broadcast values that are not arrays (by `static_key`); None when one of
+    those cannot be hashed (the step is then traced anew each call)."""
+    key = (graphdef, tuple(roles), tuple((p, static_key(v)) for p, v in fixed.items()))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+class _Steps:
+    """The step functions a scanned function has traced, by `_step_key`: the most recent
+    few (a function is usually called with one structure), so that JAX, which keeps a
+    trace per function object, finds the one it traced for this structure."""
+
+    __slots__ = ("_entries",)
+    _LIMIT = 8
+
+    def __init__(self):
+        self._entries: dict[Any, tuple[Callable[..., Any], tuple[int, ...]]] = {}
+
+    def get(self, key: Any, default: Any) -> Any:
+        return default if key is None else self._entries.get(key, default)
+
+    def put(self, key: Any, entry: tuple[Callable[..., Any], tuple[int, ...]]) -> None:
+        if key is None:
+            return
+        self._entries.pop(key, None)
+        self._entries[key] = entry
+        if len(self._entries) > self._LIMIT:
+            del self._entries[next(iter(self._entries))]
 
 
 class _BroadcastWritten(Exception):
@@ -873,6 +919,7 @@ class _GraphScan(BindsAsMethod):
             None if transform_metadata is None else TransformMetadata(transform_metadata, "scan")
         )
         self._scan_kwargs = scan_kwargs
+        self._steps = _Steps()
         functools.update_wrapper(self, fun, updated=())
 
     @staticmethod
@@ -952,21 +999,34 @@ class _GraphScan(BindsAsMethod):
             )
         values = lifted.values
         xs = [values[p] if roles[p] == 0 else jnp.moveaxis(values[p], roles[p], 0) for p in scanned]
+        # Broadcast values go in through the carry, returned as they came (JAX makes such
+        # a carry a constant of the loop), so that a step's function depends on the call's
+        # structure only and JAX reuses its trace on the next call of that structure.
+        # Values that are not arrays (a Python number in a Variable) stay in the function,
+        # and in the key it is kept under.
+        broadcast = [p for p, role in enumerate(roles) if role is None]
+        passed = [p for p in broadcast if _passes_as_carry(values[p])]
+        fixed = {p: values[p] for p in broadcast if not _passes_as_carry(values[p])}
+        key = _step_key(lifted.graphdef, roles, fixed)
         # Broadcast leaves the function writes get a slot in the carry for the last step's
         # write; which ones is known only once a step is traced, so the loop is traced again
         # with those slots when the first trace finds a write (never when nothing is written).
-        kept: tuple[int, ...] = ()
+        body, kept = self._steps.get(key, (None, ()))
         while True:
-            body = self._body(lifted, roles, carried, scanned, kept, role_of)
-            init = [values[p] for p in carried] + [values[p] for p in kept]
+            if body is None:
+                positions = (carried, scanned, kept, passed)
+                body = self._body(lifted.graphdef, roles, positions, fixed, role_of)
+            init = [values[p] for p in (*carried, *kept, *passed)]
             try:
                 final, (written, y_values, created, info) = jax.lax.scan(
                     body, init, xs, **self._scan_kwargs
                 )
             except _BroadcastWritten as found:
-                kept = tuple(sorted({*kept, *found.positions}))
+                body, kept = None, tuple(sorted({*kept, *found.positions}))
                 continue
             break
+        self._steps.put(key, (body, kept))
+        final = final[: len(carried) + len(kept)]
         full = list(values)
         for position, value in zip(carried + list(kept), final, strict=True):
             full[position] = value
@@ -1027,28 +1087,40 @@ class _GraphScan(BindsAsMethod):
 
     def _body(
         self,
-        lifted: LiftedCall,
+        graphdef: GraphDef,
         roles: list[Any],
-        carried: list[int],
-        scanned: list[int],
-        kept: tuple[int, ...],
+        positions: tuple[list[int], list[int], tuple[int, ...], list[int]],
+        fixed: dict[int, Any],
         role_of: Callable[[tuple, Any], Any],
     ) -> Callable[..., Any]:
+        """One step of the loop, for arguments of structure `graphdef` whose leaves have
+        `roles`: `positions` are those carried, scanned, broadcast and written (`kept`,
+        each with a carry slot for its last write), and broadcast and passed in the carry;
+        `fixed` the broadcast values that are not arrays. It refers to no call's values,
+        so it serves every call of that structure."""
         call, metadata, carry_in = self._call, self._metadata, self._carry_in
+        carried, scanned, kept, passed = positions
         broadcast = [p for p, role in enumerate(roles) if role is None]
+        paths = graphdef.paths
+        num_carried, num_kept = len(carried), len(kept)
 
         def where(position: int) -> str:
-            return show_argument_path(call, lifted.paths[position])
+            return show_argument_path(call, paths[position])
 
         def body(carry_values: list[Any], x_values: list[Any]) -> Any:
-            values = list(lifted.values)  # broadcast values: the same every step
-            # (the carry's slots after the carried values hold the last writes of `kept`
-            # broadcast leaves: written, never read)
-            for position, value in zip(carried, carry_values[: len(carried)], strict=True):
+            # The carry: the carried values, the slots for the last writes of `kept`
+            # broadcast leaves (written, never read), then the broadcast values passed.
+            values: list[Any] = [None] * len(roles)
+            for position, value in fixed.items():
+                values[position] = value
+            for position, value in zip(carried, carry_values[:num_carried], strict=True):
+                values[position] = value
+            passed_values = carry_values[num_carried + num_kept :]
+            for position, value in zip(passed, passed_values, strict=True):
                 values[position] = value
             for position, value in zip(scanned, x_values, strict=True):
                 values[position] = value
-            inside = Inside(lifted.graphdef, values)
+            inside = Inside(graphdef, values)
             # Inside, a scanned Variable's `sharding` metadata names its axes without the
             # scanned one (as its slice has them); it is named again after the step.
             marked = []
@@ -1067,10 +1139,10 @@ class _GraphScan(BindsAsMethod):
                 tree = _with_argument(call, tree, carry_in, numbers_as_arrays(carry))
             walk = GraphWalk()
             added = None
-            graphdef = walk.graphdef(tree)
-            if graphdef != lifted.graphdef:
+            after_graphdef = walk.graphdef(tree)
+            if after_graphdef != graphdef:
                 walk, added = _added_objects(
-                    lifted, inside, tree, (walk, graphdef), role_of, metadata, call
+                    paths, inside, tree, (walk, after_graphdef), role_of, metadata, call
                 )
             after = list(map(value_of, walk.leaves))
             created: list[Any] = []
@@ -1111,7 +1183,7 @@ class _GraphScan(BindsAsMethod):
             carried_changed = tuple(p for p in carried if after[p] is not values[p])
             info = _StepInfo(carried_changed, written, y_graphdef, y_axes, added)
             last_writes = [after[p] for p in kept]
-            return [after[p] for p in carried] + last_writes, (
+            return [after[p] for p in carried] + last_writes + list(passed_values), (
                 [after[p] for p in written],
                 y_values,
                 created,
