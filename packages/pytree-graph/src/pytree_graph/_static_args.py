@@ -12,9 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ._boundary import holds_graph_nodes
-from ._errors import Signature, donated_positions, resolve_argnums
+from ._errors import Signature, resolve_argnums
 
-# `donate_argnums` not given (given as None it is refused, as before names were taken).
+# `donate_argnums` not given (None, `jax.jit`'s default, means the same).
 NOT_GIVEN: Any = object()
 
 
