@@ -67,3 +67,38 @@ def test_map_prefix_gives_the_axis_of_a_path_as_nnx():
     assert by_filter.map_prefix(("s",), BatchStat(1.0)) is None
     with pytest.raises(ValueError, match=r"StateAxes.map_prefix: no filter .* matches .* at \.x"):
         axes.map_prefix(("x",), None)
+
+
+def test_state_sharding_from_a_state_of_specs():
+    # As Flax NNX: a State whose leaves are PartitionSpecs gives each path its spec, for
+    # shard_map's in_specs and jit's in_shardings alike.
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(jax.devices()[:2], ("a",))
+
+    class Dense(Module):
+        def __init__(self):
+            self.kernel = Param(jnp.ones((4, 8)))
+            self.bias = Param(jnp.zeros(8))
+
+    specs = State({"kernel": P(None, "a"), "bias": P()})
+    sharding = pg.StateSharding(specs)
+    assert [(repr(f), spec) for f, spec in sharding.items()] == [
+        ("PathIn(.bias)", P()),
+        ("PathIn(.kernel)", P(None, "a")),
+    ]
+    seen = []
+
+    @pg.shard_map(mesh=mesh, in_specs=(sharding,), out_specs=P())
+    def shapes(m):
+        seen.append((m.kernel.value.shape, m.bias.value.shape))
+        return jnp.zeros(())
+
+    shapes(Dense())
+    assert seen == [((4, 4), (8,))]
+    named = pg.StateSharding(jax.tree.map(lambda s: NamedSharding(mesh, s), specs))
+    model = Dense()
+    pg.jit(lambda m: m.kernel.value.sum() + m.bias.value.sum(), in_shardings=(named,))(model)
+    with pytest.raises(TypeError, match=r"StateSharding: the State gives 3 at \.bias"):
+        pg.StateSharding(State({"kernel": P(), "bias": 3}))

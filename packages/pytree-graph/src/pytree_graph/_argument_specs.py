@@ -8,7 +8,7 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec, Sharding
 
-from pytree_filter import Path, path_keys, path_text, to_predicate
+from pytree_filter import Filter, Path, path_keys, path_text, to_predicate
 
 from ._boundary import Call
 from ._graphdef import GraphDef, build
@@ -18,6 +18,28 @@ from ._variables import Variable
 
 # A leaf with no entry in a lenient lookup (see `SpecTable.find`).
 NO_ENTRY = object()
+
+
+class PathIn(Filter):
+    """Matches the leaves at the given paths exactly (what a `StateAxes` or `StateSharding`
+    made from a `State` holds, one per spec)."""
+
+    __slots__ = ("paths",)
+
+    def __init__(self, *paths: Path):
+        self.paths = frozenset(paths)
+
+    def __call__(self, path: Path, value: Any) -> bool:
+        return path in self.paths
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is PathIn and self.paths == other.paths
+
+    def __hash__(self) -> int:
+        return hash(self.paths)
+
+    def __repr__(self) -> str:
+        return f"PathIn({', '.join(sorted(map(path_text, self.paths)))})"
 
 
 class FilterSpecs:
@@ -37,6 +59,8 @@ class FilterSpecs:
 
     def __init__(self, specs: Mapping[Any, Any]):
         name = type(self).__name__
+        if isinstance(specs, State):
+            specs = self._specs_by_path(specs)
         if not isinstance(specs, Mapping) or not specs:
             raise TypeError(
                 f"{name} expects a non-empty dict {{filter: spec}}, e.g. "
@@ -52,6 +76,26 @@ class FilterSpecs:
     def check_spec(self, spec: Any) -> None:
         """Raise `TypeError` for a value that is not a spec (a subclass says which are)."""
 
+    def _specs_by_path(self, specs: State) -> dict[Any, Any]:
+        """`{PathIn(paths): spec}` for a State of specs (as Flax NNX makes a `StateAxes` or
+        `StateSharding` from one): the paths of each spec, grouped."""
+        name = type(self).__name__
+        by_spec: dict[Any, list[Path]] = {}
+        for path, leaf in specs.flat_state().items():
+            spec = leaf.value if isinstance(leaf, Variable) else leaf
+            try:
+                self.check_spec(spec)
+            except TypeError as error:
+                raise TypeError(
+                    f"{name}: the State gives {spec!r} at {path_text(path)}, but each of its "
+                    f"leaves must be a spec ({error}); make it with "
+                    "`jax.tree.map(lambda v: spec, state(model))`."
+                ) from None
+            by_spec.setdefault(spec, []).append(path)
+        # The filters match disjoint paths, so their order is free: sorted, for one form.
+        groups = sorted(((PathIn(*paths), spec) for spec, paths in by_spec.items()), key=repr)
+        return dict(groups)
+
     def items(self) -> tuple[tuple[Any, Any], ...]:
         """`(filter, spec)` pairs, in order."""
         return self._items
@@ -65,11 +109,20 @@ class FilterSpecs:
         for predicate, (_, spec) in zip(self._predicates, self._items, strict=True):
             if predicate(path, leaf):
                 return spec
-        raise ValueError(
+        message = (
             f"{transform}: no filter of {self!r} matches the {type(leaf).__name__} at "
             f"{path_text(path)}. Every Variable and array of the argument needs one: add a "
             "filter for it, or end with `...` for the rest."
         )
+        if all(type(f) is PathIn for f, _ in self._items):
+            name = type(self).__name__
+            message += (
+                f" (This {name} was made from a State, which has a spec for each of its paths "
+                "only. A Variable reached by several paths, such as a tied weight, is in a "
+                f"State once: give specs by filter, e.g. {name}({{Param: ..., ...: ...}}), or "
+                "with `prefix(model, ...)`, which covers every path.)"
+            )
+        raise ValueError(message)
 
     def show_spec(self, spec: Any) -> str:
         """One spec as `repr` shows it."""
@@ -93,10 +146,14 @@ class StateSharding(FilterSpecs):
     Each Variable and array of the argument takes the sharding of the first filter it
     matches (see `StateAxes` for the filters); end with `...` for the rest.
 
+    As Flax NNX's, it is also made from a `State` of shardings, one per Variable (e.g.
+    `jax.tree.map(..., state(model))`, or `State({"kernel": P(None, "a"), "bias": P()})`):
+    each path then gets its own (see `StateAxes`).
+
     Arguments:
-        shardings: `{filter: sharding}`, in order; a sharding is a
-            `jax.sharding.Sharding`, a `PartitionSpec` (under `jax.set_mesh`), or None
-            (laid out by the compiler).
+        shardings: `{filter: sharding}`, in order, or a `State` whose leaves are the
+            shardings; a sharding is a `jax.sharding.Sharding`, a `PartitionSpec` (under
+            `jax.set_mesh`, or as a `shard_map` spec), or None (laid out by the compiler).
 
     Examples:
         >>> import jax, jax.numpy as jnp

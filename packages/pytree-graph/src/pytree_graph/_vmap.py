@@ -8,7 +8,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from pytree_filter import Filter, Path, path_text
 from pytree_module import Module, data, static
 from pytree_module.extend import construct, flat_form, is_pytree_class
 from pytree_transforms.extend import BindsAsMethod
@@ -19,7 +18,6 @@ from ._boundary import Call, Inside
 from ._carry import Carry, show_axis
 from ._errors import check_callable
 from ._graph_mode import resolve_modes
-from ._state import State
 from ._transform_metadata import TransformMetadata
 from ._traverse import GraphWalk
 from ._tree_transforms import simple_vmap
@@ -59,26 +57,12 @@ class StateAxes(FilterSpecs):
     __slots__ = ()
 
     def __init__(self, axes: Mapping[Any, Any]):
-        if isinstance(axes, State):
-            axes = _axes_by_path(axes)
         super().__init__(axes)
 
     def check_spec(self, spec: Any) -> None:
-        if spec is not None and spec is not Carry and not isinstance(spec, int):
+        is_int = isinstance(spec, int) and not isinstance(spec, bool)
+        if spec is not None and spec is not Carry and not is_int:
             raise TypeError(f"StateAxes: an axis must be an int, None or Carry, got {spec!r}.")
-
-    def spec_of(self, path: Path, leaf: Any, transform: str) -> Any:
-        try:
-            return super().spec_of(path, leaf, transform)
-        except ValueError as error:
-            if not all(type(f) is PathIn for f, _ in self._items):
-                raise
-            raise ValueError(
-                f"{error} (This StateAxes was made from a State, which has an axis for each "
-                "of its paths only. A Variable reached by several paths, such as a tied "
-                "weight, is in a State once: give axes by filter, e.g. StateAxes({Param: "
-                "None, ...: 0}), or with `prefix(model, ...)`, which covers every path.)"
-            ) from None
 
     def axis_of(self, path: tuple, leaf: Any, transform: str = "vmap") -> Any:
         """The axis of the leaf at `path` (within its argument)."""
@@ -108,49 +92,6 @@ class StateAxes(FilterSpecs):
     def has_carry(self) -> bool:
         """Whether some filter's axis is `Carry`."""
         return any(axis is Carry for _, axis in self.items())
-
-
-class PathIn(Filter):
-    """Matches the leaves at the given paths exactly (what a `StateAxes` made from a
-    `State` holds, one per axis)."""
-
-    __slots__ = ("paths",)
-
-    def __init__(self, *paths: Path):
-        self.paths = frozenset(paths)
-
-    def __call__(self, path: Path, value: Any) -> bool:
-        return path in self.paths
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is PathIn and self.paths == other.paths
-
-    def __hash__(self) -> int:
-        return hash(self.paths)
-
-    def __repr__(self) -> str:
-        return f"PathIn({', '.join(sorted(map(path_text, self.paths)))})"
-
-
-def _axes_by_path(axes: State) -> dict[Any, Any]:
-    """`{PathIn(paths): axis}` for a State of axes: the paths of each axis, grouped."""
-    by_axis: dict[Any, list[Path]] = {}
-    for path, leaf in axes.flat_state().items():
-        axis = leaf.value if isinstance(leaf, Variable) else leaf
-        if (
-            axis is not None
-            and axis is not Carry
-            and (not isinstance(axis, int) or isinstance(axis, bool))
-        ):
-            raise TypeError(
-                f"StateAxes: the State gives {axis!r} at {path_text(path)}, but each of its "
-                "leaves must be an axis: an int, None or Carry (make it with "
-                "`jax.tree.map(lambda v: axis, state(model))`)."
-            )
-        by_axis.setdefault(axis, []).append(path)
-    # The filters match disjoint paths, so their order is free: sorted, for one form.
-    groups = sorted(((PathIn(*paths), axis) for axis, paths in by_axis.items()), key=repr)
-    return dict(groups)
 
 
 def _check_axis_spec(spec: Any, where: str, transform: str) -> None:
