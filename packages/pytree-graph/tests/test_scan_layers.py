@@ -444,3 +444,34 @@ def test_errors_name_what_is_wrong():
         grow(Holder(), jnp.arange(2.0))
     with pytest.raises(ValueError, match="one object, but in_axes gives it two specs"):
         pg.scan(lambda a, b: a, in_axes=(Carry, 0), out_axes=Carry)(blocks, blocks)
+
+
+def test_a_carry_must_hold_the_objects_it_was_given():
+    class Counter(Module):
+        def __init__(self, n):
+            self.n = BatchStat(n)
+
+    counter = Counter(jnp.array(0))
+
+    @pg.scan(in_axes=(Carry, 0), out_axes=(Carry, 0))
+    def replaces(c, x):
+        return Counter(c.n.value + 1), x
+
+    with pytest.raises(ValueError, match="Carry references must be the same between iterations"):
+        replaces(counter, jnp.arange(3))
+    assert int(counter.n.value) == 0
+
+    @pg.scan(in_axes=(Carry, 0), out_axes=(Carry, 0))
+    def swaps_the_variable(c, x):
+        c.n = BatchStat(c.n.value + 1)
+        return c, x
+
+    with pytest.raises(ValueError, match=r"another BatchStat at argument 0 at \.n"):
+        swaps_the_variable(counter, jnp.arange(3))
+
+    @pg.scan(in_axes=(Carry, 0), out_axes=(Carry, 0))
+    def in_place(c, x):
+        c.n.value += 1
+        return c, x
+
+    assert in_place(counter, jnp.arange(3))[0] is counter and int(counter.n.value) == 3

@@ -455,8 +455,8 @@ def scan(
     in must not change inside, but for Variables added where `in_axes` gives them an
     axis (`sow` in each step, under `StateAxes({Intermediate: 0, ...: Carry})`): each
     step's are stacked along it and the caller's object gets them, as in Flax NNX. A
-    `Carry` output must have the structure (and the sharing) of the `Carry` argument
-    (new objects are fine: their values go to the caller's). A broadcast (`None`)
+    `Carry` output must hold the very Modules and Variables of the `Carry` argument (write
+    values in place; a new object there raises, as in NNX). A broadcast (`None`)
     argument is the same for every step: each step reads the values it came in with, as
     Flax NNX's graph mode gives them (so a broadcast RNG stream gives every step the
     same key: recurrent dropout's one mask). A Variable of it that the function writes
@@ -750,6 +750,23 @@ class _Added:
             num_objects=self.graphdef.num_objects,
         )
         lifted.apply(outcome, leaves)
+
+
+def _check_same_objects(walk: GraphWalk, inside: Inside, tree: Any, call: Call) -> None:
+    """Refuse a step of `scan` whose carry holds other Modules or Variables than those it
+    was given (of the same structure), as Flax NNX does: the caller's objects are the
+    ones the loop writes to, so a new one in their place would be dropped."""
+    for index, (now, given) in enumerate(zip(walk.objects, inside.objects, strict=True)):
+        if now is not given:
+            shared = GraphWalk(record_shared=True)
+            shared.graphdef(tree)
+            place = show_argument_path(call, shared.shared_paths[index][0])
+            raise ValueError(
+                f"scan: Carry references must be the same between iterations: the function "
+                f"returned another {type(now).__name__} at {place} than the one it was given. "
+                "Write values in place (`v.value = ...`) instead of putting new Variables or "
+                "Modules in the carry, or make the new object before or after the loop."
+            )
 
 
 def _added_objects(
@@ -1144,6 +1161,8 @@ class _GraphScan(BindsAsMethod):
                 walk, added = _added_objects(
                     paths, inside, tree, (walk, after_graphdef), role_of, metadata, call
                 )
+            elif carry_in is not None:
+                _check_same_objects(walk, inside, tree, call)
             after = list(map(value_of, walk.leaves))
             created: list[Any] = []
             if added is not None:
