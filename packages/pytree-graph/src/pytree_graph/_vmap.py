@@ -8,6 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from pytree_filter import path_text
 from pytree_module import Module, data, static
 from pytree_module.extend import construct, flat_form, is_pytree_class
 from pytree_transforms.extend import BindsAsMethod
