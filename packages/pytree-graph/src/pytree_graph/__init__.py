@@ -73,6 +73,11 @@ from ._split_merge import state as state
 from ._split_merge import unpack as unpack
 from ._split_merge import update as update
 from ._state import State as State
+from ._state_functions import A as A
+from ._state_functions import PureState as PureState
+from ._state_functions import filter_state as filter_state
+from ._state_functions import split_state as split_state
+from ._state_functions import to_flat_state as to_flat_state
 from ._transform_metadata import PARTITION_NAME as PARTITION_NAME
 from ._traverse import find_duplicates as find_duplicates
 from ._tree_form import FlatState as FlatState
@@ -81,6 +86,13 @@ from ._tree_form import flatten as flatten
 from ._tree_form import from_tree as from_tree
 from ._tree_form import to_tree as to_tree
 from ._tree_form import unflatten as unflatten
+from ._update_context import MergeContext as MergeContext
+from ._update_context import SplitContext as SplitContext
+from ._update_context import UpdateContext as UpdateContext
+from ._update_context import current_update_context as current_update_context
+from ._update_context import merge_context as merge_context
+from ._update_context import split_context as split_context
+from ._update_context import update_context as update_context
 from ._variables import BatchStat as BatchStat
 from ._variables import Cache as Cache
 from ._variables import Intermediate as Intermediate

@@ -295,27 +295,49 @@ def merge(graphdef: Any, *states: Any, copy: bool = False, recreate_variables: b
             f"merge expects a GraphDef first (from `split`), or GraphStates (from `unpack`), "
             f"got {type(graphdef).__name__}. Call it as `merge(graphdef, state, ...)`."
         )
+    return build(graphdef, merge_leaves(graphdef, states, "merge"), copy, recreate_variables)
+
+
+def merge_leaves(graphdef: GraphDef, states: tuple[Any, ...], function: str) -> list[Any]:
+    """The leaves of `states` in `graphdef`'s order, checked to be exactly its paths."""
+    if graphdef.paths == ((),):
+        return [_lone_leaf(states, function)]
     if len(states) == 1 and isinstance(states[0], State):
         flat_form = states[0]._flat_form()
         if flat_form is not None and flat_form[0] is graphdef.paths:
             # The State `split` made with this very graphdef: its leaves are in order.
-            return build(graphdef, flat_form[1], copy, recreate_variables)
+            return flat_form[1]
     flat: dict[Path, Any] = {}
     for part in states:
         if not isinstance(part, Mapping):
-            raise TypeError(f"merge expects States after the GraphDef, got {type(part).__name__}.")
+            raise TypeError(
+                f"{function} expects States after the GraphDef, got {type(part).__name__}."
+            )
         flat.update(part.flat_state() if isinstance(part, State) else State(part).flat_state())
     missing = [path for path in graphdef.paths if path not in flat]
     if missing or len(flat) != graphdef.num_leaves:
         expected = set(graphdef.paths)
         extra = [path for path in flat if path not in expected]
         raise ValueError(
-            "merge: the States do not match the GraphDef. "
+            f"{function}: the States do not match the GraphDef. "
             + (f"Missing paths: {missing}. " if missing else "")
             + (f"Paths the GraphDef does not have: {extra}. " if extra else "")
             + "Pass every State that `split` returned for this graphdef, and no others."
         )
-    return build(graphdef, [flat[path] for path in graphdef.paths], copy, recreate_variables)
+    return [flat[path] for path in graphdef.paths]
+
+
+def _lone_leaf(states: tuple[Any, ...], function: str) -> Any:
+    """The state of a lone Variable's graphdef: the one Variable (or value) among
+    `states`, the others being empty States (as `split(variable, *filters)` gives)."""
+    given = [part for part in states if not (isinstance(part, Mapping) and not part)]
+    if len(given) != 1 or isinstance(given[0], Mapping):
+        raise ValueError(
+            f"{function}: this GraphDef is of a lone Variable (split on its own), so its "
+            "state is that Variable: pass exactly one Variable (and empty States), got "
+            f"{[type(part).__name__ for part in states]}."
+        )
+    return given[0]
 
 
 def _all_variables(values: Sequence[Any], positions: tuple[int, ...]) -> bool:

@@ -12,7 +12,7 @@ from pytree_module import Module
 from pytree_module.extend import is_frozen_class
 
 from ._aliases import leaf_aliases
-from ._graphdef import GraphDef, GraphState, build
+from ._graphdef import GraphDef, GraphState, build, check_writable
 from ._lift import LiftedCall, value_of
 from ._lift_cache import lift_cache
 from ._pure_values import checked_pure_dict
@@ -32,19 +32,36 @@ def _lift(node: Any, function: str, graph: bool | None = True) -> LiftedCall:
     else:
         lifted = lift_cache.find(node)
         check_graph(lifted.graphdef, node, function)
-    if lifted.paths and lifted.paths[0] == ():
+    if lifted.paths and lifted.paths[0] == () and not isinstance(node, Variable):
         raise TypeError(
-            f"Expected an object graph (a Module, or a list, dict or tuple holding "
-            f"Modules, Variables or arrays), got a {type(node).__name__} on its own: a "
-            "State needs a key for each leaf. Wrap it, e.g. `split([variable])`."
+            f"Expected an object graph (a Module, a Variable, or a list, dict or tuple "
+            f"holding Modules, Variables or arrays), got a {type(node).__name__} on its "
+            "own: a State needs a key for each leaf. Wrap it, e.g. `split([array])`."
         )
     return lifted
 
 
 def _states(lifted: LiftedCall, filters: tuple[Any, ...], exhaustive: bool) -> Any:
+    return states_of(lifted.paths, lifted.leaves, filters, exhaustive)
+
+
+def states_of(
+    paths: tuple[Path, ...], leaves: list[Any], filters: tuple[Any, ...], exhaustive: bool
+) -> tuple[Any, ...]:
+    """The States of a graph's leaves (at `paths`), one per filter (one with no filter).
+
+    A lone Variable (split on its own: its one path is `()`, which no State can key) is
+    its own state, as in Flax NNX: the filter it matches gets the Variable, the others
+    an empty State.
+    """
+    if paths == ((),):
+        if not filters:
+            return (leaves[0],)
+        parts = _partition({(): leaves[0]}, filters, exhaustive)
+        return tuple(leaves[0] if part else State() for part in parts[:-1])
     if not filters:
-        return (State._of_flat(lifted.graphdef.paths, lifted.leaves),)
-    flat = dict(zip(lifted.paths, lifted.leaves, strict=True))
+        return (State._of_flat(paths, leaves),)
+    flat = dict(zip(paths, leaves, strict=True))
     parts = _partition(flat, filters, exhaustive)
     return tuple(State.from_flat_path(part) for part in parts[:-1])
 
@@ -365,6 +382,9 @@ def update(node: Any, *states: Any) -> None:
     if not states:
         raise TypeError("update needs at least one State (or source tree) to write.")
     states = tuple(s._state if isinstance(s, GraphState) else s for s in states)
+    if isinstance(node, Variable) and any(isinstance(s, Variable) for s in states):
+        _update_lone_variable(node, states)
+        return
     if not all(isinstance(s, State) for s in states):
         if len(states) != 1:
             raise TypeError(
@@ -400,6 +420,24 @@ def update(node: Any, *states: Any) -> None:
             current.value = value
         else:
             _assign(parent, path[-1], leaf.value if isinstance(leaf, Variable) else leaf)
+
+
+def _update_lone_variable(node: Variable, states: tuple[Any, ...]) -> None:
+    """`update` of a Variable split on its own: its state is one Variable (the others,
+    from filters that matched nothing, are empty States)."""
+    given = [s for s in states if not (isinstance(s, State) and not s)]
+    if len(given) != 1:
+        raise ValueError(
+            f"update: a lone {type(node).__name__} takes exactly one Variable (its state "
+            "from `split`) and empty States, got "
+            f"{[type(s).__name__ for s in states]}."
+        )
+    source = given[0]
+    check_writable(node)
+    if source._pg_flat[1] is not node._pg_flat[1]:
+        for name, meta in source.metadata.items():
+            setattr(node, name, meta)
+    node.value = source.value
 
 
 def pop(node: Any, *filters: Any) -> Any:
