@@ -41,7 +41,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 class _Stacks(threading.local):
     def __init__(self) -> None:
         # tag -> the UpdateContexts open under it, innermost last
-        self.contexts: dict[Hashable, list["UpdateContext"]] = {}
+        self.contexts: dict[Hashable, list[UpdateContext]] = {}
 
 
 _STACKS = _Stacks()
@@ -57,7 +57,7 @@ class UpdateContext:
         tag: the tag it was opened with.
     """
 
-    __slots__ = ("_inner_origin", "_inner_objects", "_outer_objects", "tag")
+    __slots__ = ("_inner_objects", "_inner_origin", "_outer_objects", "tag")
 
     def __init__(self, tag: Hashable):
         self.tag = tag
@@ -449,4 +449,3 @@ def merge_context(tag: Hashable | None = None, inner: bool | None = None) -> Ite
         merge._objects = None
         if ctx is not None and objects is not None:
             ctx._merge_end(objects, bool(inner))
-
