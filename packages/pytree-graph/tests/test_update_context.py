@@ -424,3 +424,41 @@ def test_variables_updated_by_variables_tree_map():
     grads = {"a": [Param(2.0), Param(1.0)], "b": Param(2.0)}
     jax.tree.map(update, m, grads, is_leaf=lambda x: isinstance(x, Variable))
     assert m["a"][0] is m["b"] and p1.value == 2.0 and p2.value == 1.0
+
+
+# ------------------------------------------------------------------ update of static values
+
+
+def test_update_sets_a_static_value_of_a_pure_dict_path():
+    node = {"a": {"b": 1, "c": Param(jnp.array(2)), "d": 3}}
+    update(node, {"a": {"b": 4, "c": jnp.array(10)}})
+    assert node["a"]["b"] == 4 and node["a"]["c"].value == 10 and node["a"]["d"] == 3
+
+    class Counter(Module):
+        def __init__(self):
+            self.w = Param(jnp.ones(2))
+            self.name = "a"
+
+    counter = Counter()
+    update(counter, {"name": "b"})
+    assert counter.name == "b"
+
+
+def test_update_of_a_static_value_refused_changes_nothing():
+    node = {"a": {"b": 1, "c": Param(jnp.array(2)), "t": (1, 2)}}
+    with pytest.raises(ValueError, match=r"\.a\.b holds the static value 1.*array"):
+        update(node, {"a": {"b": jnp.ones(2), "c": jnp.array(5)}})
+    with pytest.raises(ValueError, match=r"\.a\.t\[0\].*tuple.*cannot be changed"):
+        update(node, {"a": {"b": 7, "t": {0: 5}}})
+    with pytest.raises(ValueError, match=r"at \.a\.c: shape \(3,\)"):
+        update(node, {"a": {"b": 7, "c": jnp.ones(3)}})
+    assert node["a"]["b"] == 1 and node["a"]["c"].value == 2 and node["a"]["t"] == (1, 2)
+
+    class Frozen(Module, frozen=True):
+        def __init__(self):
+            self.n = 1
+
+    frozen = Frozen()
+    with pytest.raises(ValueError, match=r"\.n.*frozen Module"):
+        update(frozen, {"n": 2})
+    assert frozen.n == 1

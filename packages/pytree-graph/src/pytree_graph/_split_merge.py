@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pytree_filter import path_text
+from pytree_filter import SHAPED_TYPES, path_text
 from pytree_module import Module
 from pytree_module.extend import is_frozen_class
 
@@ -15,7 +15,7 @@ from ._aliases import leaf_aliases
 from ._graphdef import GraphDef, GraphState, build, check_writable
 from ._lift import LiftedCall, value_of
 from ._lift_cache import lift_cache
-from ._pure_values import checked_pure_dict
+from ._pure_values import _as_state_path, _flatten_plain, checked_pure_dict
 from ._refs import VariableIndex, VariableValue, update_refs
 from ._state import Path, State, _partition
 from ._traverse import GraphWalk, check_graph
@@ -87,6 +87,9 @@ def split(node: Any, *filters: Any, graph: bool | None = None) -> tuple[Any, ...
 
     Returns:
         `(graphdef, state)`, or `(graphdef, state_1, ..., state_n)` with n filters.
+        A Variable split on its own is its own state, as in Flax NNX (`merge` and
+        `update` take it back): with filters, the one it matches gets the Variable,
+        the others an empty State.
 
     Raises:
         TypeError: `node` is a single value (a number, a string, an array...).
@@ -351,16 +354,24 @@ def update(node: Any, *states: Any) -> None:
     One plain nested dict of values keyed by path (as `to_pure_dict` gives, or a part
     of one) sets the values it names: each path must reach a Variable or array of `node`
     (a shared one by any of its paths) and each value have its shape and dtype, all
-    checked before anything is written.
+    checked before anything is written. A path that reaches a static value (an int in
+    a dict, a string attribute of a Module) sets it too, as Flax NNX's `update`, unless
+    its holder cannot change (a tuple, a frozen Module) or the new value is an array.
 
     When `node` is any pytree holding Variables and the source is none of these (a tree
     from `deref`, a tree of Variables, or of values in the Variables' places), each
     Variable of `node` takes the value at its place in the source.
 
     Arguments:
-        node: the live graph (or pytree of Variables) to write into.
+        node: the live graph (or pytree of Variables) to write into; or a lone
+            Variable, with the Variable `split(variable)` gave as its state.
         *states: States from `split`/`state`, or one pure dict, or one source tree (see
             above).
+
+    Raises:
+        ValueError: a path of a State or pure dict that `node` lacks, a value of
+            another shape or dtype, or a place that cannot change (an array in a
+            tuple or frozen Module); nothing is written then.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -394,8 +405,12 @@ def update(node: Any, *states: Any) -> None:
         if not _is_pure_dict(states[0]):
             update_refs(node, states[0], where="update")
             return
-        values = checked_pure_dict(_every_path(node), states[0], "update", partial=True)
+        every = _every_path(node)
+        pure, static_writes = _static_writes(node, states[0], every)
+        values = checked_pure_dict(every, pure, "update", partial=True)
         states = (State.from_flat_path(values),)
+    else:
+        static_writes = []
     writes = []
     for part in states:
         for path, leaf in part.flat_state().items():
@@ -420,6 +435,46 @@ def update(node: Any, *states: Any) -> None:
             current.value = value
         else:
             _assign(parent, path[-1], leaf.value if isinstance(leaf, Variable) else leaf)
+    for parent, key, value in static_writes:
+        _assign(parent, key, value)
+
+
+def _static_writes(
+    node: Any, pure_dict: Mapping[Any, Any], known: Mapping[Path, Any]
+) -> tuple[State, list[tuple[Any, Any, Any]]]:
+    """A pure dict's entries for Variables and arrays (as a State, to check), and the
+    `(parent, key, value)` writes of those that reach a static value of `node` (an int
+    in a dict, a string attribute): as Flax NNX's `update`, these are set too."""
+    flat: dict[Path, Any] = {}
+    _flatten_plain(pure_dict, (), flat)
+    keep: dict[Path, Any] = {}
+    writes = []
+    for path, value in flat.items():
+        if _as_state_path(path, known) in known:
+            keep[path] = value
+            continue
+        try:
+            parent, current = _locate(node, path)
+        except ValueError:
+            keep[path] = value  # the check names the path the graph lacks
+            continue
+        if isinstance(current, (Variable, Module, list, dict, tuple, *SHAPED_TYPES)):
+            keep[path] = value
+            continue
+        if isinstance(value, SHAPED_TYPES) or not _can_assign(parent, path[-1]):
+            frozen = " (a frozen Module)" if isinstance(parent, Module) else ""
+            raise ValueError(
+                f"update: {path_text(path)} holds the static value {current!r} in a "
+                f"{type(parent).__name__}{frozen}, which "
+                + (
+                    "cannot take an array in its place (that changes the graph's "
+                    "structure): hold it in a Variable."
+                    if isinstance(value, SHAPED_TYPES)
+                    else "cannot be changed in place. Build a new graph with `merge`."
+                )
+            )
+        writes.append((parent, path[-1], value))
+    return State.from_flat_path(keep), writes
 
 
 def _update_lone_variable(node: Variable, states: tuple[Any, ...]) -> None:
