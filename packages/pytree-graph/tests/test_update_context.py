@@ -21,6 +21,7 @@ from pytree_graph import (
     call,
     current_update_context,
     filter_state,
+    from_tree,
     merge,
     merge_context,
     split,
@@ -28,6 +29,7 @@ from pytree_graph import (
     split_state,
     state,
     to_flat_state,
+    to_tree,
     update,
     update_context,
 )
@@ -462,3 +464,74 @@ def test_update_of_a_static_value_refused_changes_nothing():
     with pytest.raises(ValueError, match=r"\.n.*frozen Module"):
         update(frozen, {"n": 2})
     assert frozen.n == 1
+
+
+# ------------------------------------------------------------------ flat forms and to_tree
+
+
+def test_flatten_and_unflatten_through_the_protocol():
+    m = Foo()
+    with update_context("flat"):
+        with split_context("flat") as ctx:
+            graphdef, flat = ctx.flatten(m)
+        assert isinstance(flat, FlatState) and flat.paths == (("a", "w"),)
+
+        @jax.jit
+        def inside(graphdef, flat):
+            with merge_context("flat", inner=True) as ctx:
+                inner = ctx.unflatten(graphdef, flat)
+            inner.a.w.value = inner.a.w.value * 2
+            inner.a.tag = "seen"
+            with split_context("flat") as ctx:
+                return ctx.flatten(inner, with_paths=False)
+
+        graphdef, values = inside(graphdef, flat)
+        assert isinstance(values, list) and len(values) == 1
+        with merge_context("flat", inner=False) as ctx:
+            out = ctx.unflatten(graphdef, values)
+    assert out is m and m.a.tag == "seen" and m.a.w.value.tolist() == [2.0, 2.0]
+
+
+def test_flatten_with_filters_and_errors():
+    model = Tied()
+    model.stats = BatchStat(jnp.zeros(1))
+    with split_context() as ctx:
+        graphdef, params, stats = ctx.flatten(model, Param, BatchStat)
+        with pytest.raises(ValueError, match="with_paths=True"):
+            ctx.flatten(model, Param, with_paths=False)
+    assert params.paths == (("decoder",),) and stats.paths == (("stats",),)
+    with merge_context() as ctx:
+        copy = ctx.unflatten(graphdef, params, stats)
+        with pytest.raises(ValueError, match="exactly the graphdef's paths"):
+            ctx.unflatten(graphdef, params)
+        with pytest.raises(ValueError, match="only state"):
+            ctx.unflatten(graphdef, [1.0])
+        with pytest.raises(TypeError, match="FlatStates"):
+            ctx.unflatten(graphdef, params, State({}))
+    assert copy.encoder is copy.decoder and copy.encoder is not model.encoder
+
+
+def test_to_tree_and_from_tree_with_ctxtag():
+    m = Foo()
+    tree = (m, 1, {"again": m})
+    with update_context("tree"):
+        pure = to_tree(tree, ctxtag="tree")
+
+        @jax.jit
+        def inside(pure):
+            inner = from_tree(pure, ctxtag="tree", is_inner=True)
+            assert inner[0] is inner[2]["again"] and inner[0] is not m
+            inner[0].a.w.value = inner[0].a.w.value + 4
+            inner[0].extra = Bar()
+            return to_tree(inner, ctxtag="tree")
+
+        out = from_tree(inside(pure), ctxtag="tree", is_inner=False)
+    assert out[0] is m and out[2]["again"] is m and out[1] == 1
+    assert m.a.w.value.tolist() == [5.0, 5.0] and isinstance(m.extra, Bar)
+
+
+def test_from_tree_with_ctxtag_needs_is_inner():
+    with update_context("tree"):
+        pure = to_tree([Foo()], ctxtag="tree")
+        with pytest.raises(ValueError, match="inner"):
+            from_tree(pure, ctxtag="tree")

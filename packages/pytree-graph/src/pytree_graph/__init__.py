@@ -24,6 +24,7 @@ from ._custom_vjp import custom_vjp as custom_vjp
 from ._eval_shape import abstract_with_sharding as abstract_with_sharding
 from ._eval_shape import eval_shape as eval_shape
 from ._eval_shape import get_abstract_model as get_abstract_model
+from ._flat_state import FlatState as FlatState
 from ._graph_mode import set_graph_mode as set_graph_mode
 from ._graph_mode import set_graph_updates as set_graph_updates
 from ._graphdef import GraphDef as GraphDef
@@ -80,7 +81,6 @@ from ._state_functions import split_state as split_state
 from ._state_functions import to_flat_state as to_flat_state
 from ._transform_metadata import PARTITION_NAME as PARTITION_NAME
 from ._traverse import find_duplicates as find_duplicates
-from ._tree_form import FlatState as FlatState
 from ._tree_form import NodeState as NodeState
 from ._tree_form import flatten as flatten
 from ._tree_form import from_tree as from_tree

@@ -4,9 +4,9 @@
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from ._flat_state import FlatState
 from ._graphdef import GraphDef
 from ._state import State
-from ._tree_form import FlatState
 
 A = TypeVar("A")
 """A type variable for annotations such as `Variable[A]`, as Flax NNX's `nnx.A`."""

@@ -1,21 +1,23 @@
 """An object graph as a plain pytree, and back: `to_tree`/`from_tree` (sharing kept), and
 `flatten`/`unflatten` (the graphdef with a flat list of `(path, leaf)` pairs)."""
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import jax
-from jax.tree_util import GetAttrKey, SequenceKey
+from jax.tree_util import GetAttrKey
 
 from pytree_filter import Path, path_keys, path_text
 from pytree_module import Module
 
 from ._argument_specs import FilterSpecs
+from ._flat_state import FlatState
 from ._graphdef import GraphDef, build, merge
 from ._lift import value_of
 from ._split_merge import _lift, split
 from ._state import State
 from ._traverse import iter_graph
+from ._update_context import merge_context, split_context
 from ._variables import Variable
 
 
@@ -119,7 +121,7 @@ def _same_prefix(a: Any, b: Any) -> bool:
         return False
 
 
-def to_tree(tree: Any, *, prefix: Any = None) -> Any:
+def to_tree(tree: Any, *, prefix: Any = None, ctxtag: Hashable | None = None) -> Any:
     """An object graph as a plain pytree, for code that only speaks pytrees.
 
     Every Module and Variable in `tree` is replaced by a `NodeState` (a pytree holding its
@@ -139,6 +141,9 @@ def to_tree(tree: Any, *, prefix: Any = None) -> Any:
             given, every Variable must be reached under one prefix: a Variable shared by
             two parts of `tree` with different prefixes raises, naming its paths and
             prefixes (Flax NNX's "Inconsistent aliasing detected").
+        ctxtag: the tag of an open `update_context`: the split is a step of it (the
+            outer split, or the inner split after an inner merge), as Flax NNX's
+            `to_tree(..., ctxtag=)`; `from_tree(..., ctxtag=, is_inner=)` is the merge.
 
     Returns:
         The same pytree with a `NodeState` in place of each Module and Variable.
@@ -171,7 +176,12 @@ def to_tree(tree: Any, *, prefix: Any = None) -> Any:
     positions = [i for i, leaf in enumerate(leaves) if _is_graph_node(leaf)]
     if not positions:
         return tree
-    graphdef, state = split([leaves[i] for i in positions])
+    nodes = [leaves[i] for i in positions]
+    if ctxtag is None:
+        graphdef, state = split(nodes)
+    else:
+        with split_context(ctxtag) as ctx:
+            graphdef, state = ctx.split(nodes)
     for index, position in enumerate(positions):
         leaves[position] = NodeState(graphdef, index, state[index] if index in state else State())
     return treedef.unflatten(leaves)
@@ -181,7 +191,7 @@ def _is_node_state(value: Any) -> bool:
     return isinstance(value, NodeState)
 
 
-def from_tree(tree: Any) -> Any:
+def from_tree(tree: Any, *, ctxtag: Hashable | None = None, is_inner: bool | None = None) -> Any:
     """Rebuild the object graph `to_tree` turned into a pytree.
 
     Each `NodeState` becomes a Module or Variable again, shared where the original was
@@ -191,13 +201,17 @@ def from_tree(tree: Any) -> Any:
     Arguments:
         tree: the pytree `to_tree` returned (or one made from it by JAX, e.g. by
             `jax.tree.map` or as the output of `jax.jit`), whole.
+        ctxtag: the tag of an open `update_context`: the merge is a step of it, as
+            Flax NNX's `from_tree(..., ctxtag=, is_inner=)`.
+        is_inner: with `ctxtag`, True for the merge inside the transform, False for
+            the one outside, which updates and returns the objects `to_tree` split.
 
     Returns:
         The same pytree with each `NodeState` replaced by its Module or Variable.
 
     Raises:
         ValueError: `tree` holds `NodeState`s of several `to_tree` calls, or not all of
-            those of one call.
+            those of one call; with `ctxtag`, as `merge_context` raises.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -230,65 +244,14 @@ def from_tree(tree: Any) -> Any:
             f"`to_tree` made (missing: {missing}). Pass the whole tree `to_tree` returned: "
             "shared Variables are held by one NodeState only."
         )
-    nodes = merge(graphdef, State(states), copy=True)
+    if ctxtag is None:
+        nodes = merge(graphdef, State(states), copy=True)
+    else:
+        with merge_context(ctxtag, inner=is_inner) as ctx:
+            nodes = ctx.merge(graphdef, State(states))
     for position in positions:
         leaves[position] = nodes[leaves[position].index]
     return treedef.unflatten(leaves)
-
-
-class FlatState(Sequence):
-    """The leaves of a graph with their paths, in the graphdef's order: what `flatten`
-    returns. A sequence of `(path, leaf)` pairs, and a pytree whose leaves are the
-    leaves' arrays (the paths are static), so it goes through `jax.jit` as it is.
-
-    Arguments:
-        paths: the path of each leaf (tuples of keys).
-        leaves: the Variables or arrays, one per path.
-
-    Examples:
-        >>> from pytree_graph import FlatState, Param
-        >>> flat = FlatState((("w",),), [Param(1.0)])
-        >>> [(path, leaf.value) for path, leaf in flat]
-        [(('w',), 1.0)]
-    """
-
-    __slots__ = ("leaves", "paths")
-
-    def __init__(self, paths: Sequence[Path], leaves: Sequence[Any]):
-        if len(paths) != len(leaves):
-            raise ValueError(
-                f"FlatState needs one leaf per path, got {len(paths)} paths and "
-                f"{len(leaves)} leaves."
-            )
-        self.paths = tuple(paths)
-        self.leaves = list(leaves)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return FlatState(self.paths[i], self.leaves[i])
-        return self.paths[i], self.leaves[i]
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __iter__(self) -> Iterator[tuple[Path, Any]]:
-        return zip(self.paths, self.leaves, strict=True)
-
-    def __repr__(self) -> str:
-        items = ", ".join(f"{path_text(p)}: {leaf!r}" for p, leaf in self)
-        return f"FlatState({items})"
-
-    def to_nested_state(self) -> State:
-        """The same leaves as a nested `State`."""
-        return State.from_flat_path(dict(self))
-
-
-jax.tree_util.register_pytree_with_keys(
-    FlatState,
-    lambda f: (tuple((SequenceKey(i), leaf) for i, leaf in enumerate(f.leaves)), f.paths),
-    lambda paths, leaves: FlatState(paths, leaves),
-    lambda f: (f.leaves, f.paths),
-)
 
 
 def flatten(

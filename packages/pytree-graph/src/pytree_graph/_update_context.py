@@ -31,8 +31,11 @@ from typing import Any, TypeVar
 
 import jax
 
+from ._flat_state import FlatState
 from ._graphdef import Builder, GraphDef, merge_leaves
+from ._lift import value_of
 from ._split_merge import states_of
+from ._state import _partition
 from ._traverse import GraphWalk, check_graph
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -259,10 +262,43 @@ class SplitContext:
             TypeError: `node` is a single value, or the context has ended.
             ValueError: a leaf matches no filter.
         """
+        graphdef, paths, leaves = self._walk(node, "split")
+        return (graphdef, *states_of(paths, leaves, filters, exhaustive=True))
+
+    def flatten(self, node: Any, *filters: Any, with_paths: bool = True) -> tuple[Any, ...]:
+        """`split`, with the leaves flat: `FlatState`s (or bare values), as
+        `pytree_graph.flatten` gives them.
+
+        Arguments:
+            node: a Module, a Variable, or a list, tuple or dict holding them.
+            *filters: optional filters (exhaustive), one `FlatState` each.
+            with_paths: with False, the leaves' values as a list (no filters then).
+
+        Returns:
+            `(graphdef, flat_state, ...)`, or `(graphdef, values)` with
+            `with_paths=False`.
+
+        Raises:
+            ValueError: filters with `with_paths=False`, or a leaf matching no filter.
+        """
+        if filters and not with_paths:
+            raise ValueError(
+                "SplitContext.flatten: filters need with_paths=True (the values alone "
+                "cannot be told apart by path)."
+            )
+        graphdef, paths, leaves = self._walk(node, "flatten")
+        if not with_paths:
+            return graphdef, [value_of(leaf) for leaf in leaves]
+        if not filters:
+            return graphdef, FlatState(paths, leaves)
+        parts = _partition(dict(zip(paths, leaves, strict=True)), filters, exhaustive=True)
+        return (graphdef, *(FlatState(tuple(part), list(part.values())) for part in parts[:-1]))
+
+    def _walk(self, node: Any, method: str) -> tuple[GraphDef, tuple, list[Any]]:
         if self._objects is None:
             raise TypeError(
-                f"SplitContext.split: the split_context({self.tag!r}) it belongs to has "
-                "ended. Split inside the `with` block."
+                f"SplitContext.{method}: the split_context({self.tag!r}) it belongs to has "
+                f"ended. Call `{method}` inside the `with` block."
             )
         walk = GraphWalk()
         # One numbering of objects for every split of the context: an object met again
@@ -278,8 +314,8 @@ class SplitContext:
             graphdef: GraphDef = _UpdateGraphDef(root, paths, len(self._objects), origins)
         else:
             graphdef = GraphDef(root, paths, len(self._objects))
-        check_graph(graphdef, node, "SplitContext.split")
-        return (graphdef, *states_of(paths, walk.leaves, filters, exhaustive=True))
+        check_graph(graphdef, node, f"SplitContext.{method}")
+        return graphdef, paths, walk.leaves
 
 
 class MergeContext:
@@ -318,18 +354,70 @@ class MergeContext:
             ValueError: the States do not match the graphdef; or, in the outer merge,
                 no outer split happened in this update context.
         """
-        if self._objects is None:
-            raise TypeError(
-                f"MergeContext.merge: the merge_context({self.tag!r}) it belongs to has "
-                "ended. Merge inside the `with` block."
-            )
+        self._check_open("merge")
         if not isinstance(graphdef, GraphDef):
             raise TypeError(
                 f"MergeContext.merge expects a GraphDef first (from a split), got "
                 f"{type(graphdef).__name__}."
             )
-        values = merge_leaves(graphdef, (state, *states), "MergeContext.merge")
+        return self._build(graphdef, merge_leaves(graphdef, (state, *states), "MergeContext.merge"))
+
+    def unflatten(self, graphdef: GraphDef, flat_state: Any, /, *flat_states: Any) -> Any:
+        """`merge` from what `SplitContext.flatten` gave: `FlatState`s, or a list of
+        values in the graphdef's leaf order.
+
+        Arguments:
+            graphdef: a graphdef from a `SplitContext.flatten`.
+            flat_state: a `FlatState`, or a list of values.
+            *flat_states: the other `FlatState`s, with filters.
+
+        Returns:
+            The graph.
+
+        Raises:
+            TypeError: `graphdef` is not a GraphDef, or the context has ended.
+            ValueError: the leaves do not match the graphdef (paths or count), or a list
+                comes with more.
+        """
+        self._check_open("unflatten")
+        if not isinstance(graphdef, GraphDef):
+            raise TypeError(
+                f"MergeContext.unflatten expects a GraphDef first (from a flatten), got "
+                f"{type(graphdef).__name__}."
+            )
+        if isinstance(flat_state, list):
+            if flat_states or len(flat_state) != graphdef.num_leaves:
+                raise ValueError(
+                    f"MergeContext.unflatten: a list of values must be the only state and "
+                    f"hold the graphdef's {graphdef.num_leaves} leaves, got "
+                    f"{len(flat_state)} values and {len(flat_states)} more states."
+                )
+            return self._build(graphdef, flat_state)
+        flat: dict[Any, Any] = {}
+        for part in (flat_state, *flat_states):
+            if not isinstance(part, FlatState):
+                raise TypeError(
+                    f"MergeContext.unflatten expects FlatStates (or one list of values), "
+                    f"got a {type(part).__name__}."
+                )
+            flat.update(part)
+        if set(flat) != set(graphdef.paths) or len(flat) != graphdef.num_leaves:
+            raise ValueError(
+                "MergeContext.unflatten: the FlatStates do not hold exactly the graphdef's "
+                f"paths: expected {list(graphdef.paths)}, got {list(flat)}."
+            )
+        return self._build(graphdef, [flat[path] for path in graphdef.paths])
+
+    def _check_open(self, method: str) -> None:
+        if self._objects is None:
+            raise TypeError(
+                f"MergeContext.{method}: the merge_context({self.tag!r}) it belongs to has "
+                f"ended. Call `{method}` inside the `with` block."
+            )
+
+    def _build(self, graphdef: GraphDef, values: list[Any]) -> Any:
         objects = self._objects
+        assert objects is not None
         if len(objects) < graphdef.num_objects:
             objects.extend([None] * (graphdef.num_objects - len(objects)))
         reuse: dict[int, Any] = {}
