@@ -30,6 +30,7 @@ from pytree_graph import (
     state,
     to_flat_state,
     to_tree,
+    unpack,
     update,
     update_context,
 )
@@ -535,3 +536,14 @@ def test_from_tree_with_ctxtag_needs_is_inner():
         pure = to_tree([Foo()], ctxtag="tree")
         with pytest.raises(ValueError, match="inner"):
             from_tree(pure, ctxtag="tree")
+
+
+def test_lone_variable_in_tree_mode_flatten_and_unpack():
+    v = Param(jnp.array(1.0))
+    graphdef, st = split(v, graph=False)
+    assert st is v and merge(graphdef, st) is v
+    with pytest.raises(TypeError, match=r"unpack: a lone Param.*split\(variable\)"):
+        unpack(v)
+    graphdef, st = split(v)
+    new = jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s))(st)
+    assert merge(graphdef, new).value == 2.0 and v.value == 1.0

@@ -127,7 +127,7 @@ def unpack(node: Any, *filters: Any, graph: bool | None = None) -> Any:
         One `GraphState` with no filter or one filter; a tuple of them with two or more.
 
     Raises:
-        TypeError, ValueError: as `split`.
+        TypeError, ValueError: as `split`; TypeError for a lone Variable.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -143,6 +143,12 @@ def unpack(node: Any, *filters: Any, graph: bool | None = None) -> Any:
         >>> type(merge(params, stats)).__name__
         'Norm'
     """
+    if isinstance(node, Variable):
+        raise TypeError(
+            f"unpack: a lone {type(node).__name__} has no State to carry the graphdef in "
+            "(its state is the Variable itself). Use `split(variable)`, or unpack a "
+            "container holding it (`unpack([variable])`)."
+        )
     graphdef, *states = split(node, *filters, graph=graph)
     if len(states) == 1:
         return GraphState(graphdef, states[0])
