@@ -22,6 +22,7 @@ from pytree_graph import (
     current_update_context,
     filter_state,
     from_tree,
+    grad,
     merge,
     merge_context,
     split,
@@ -547,3 +548,18 @@ def test_lone_variable_in_tree_mode_flatten_and_unpack():
     graphdef, st = split(v)
     new = jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s))(st)
     assert merge(graphdef, new).value == 2.0 and v.value == 1.0
+
+
+def test_update_from_grads_of_a_shared_variable():
+    """`grad` gives a shared Variable's gradient at its first place and None at the
+    others; NNX's `jax.tree.map(update, m, grads, is_leaf=...)` idiom skips those."""
+    p1, p2 = Param(10.0), Param(20.0)
+    m = {"a": [p1, p2], "b": p1}
+    grads = grad(lambda m: m["a"][0].value + m["a"][1].value + m["b"].value)(m)
+    assert grads["b"] is None and grads["a"][0].value == 2.0
+    jax.tree.map(update, m, grads, is_leaf=lambda x: isinstance(x, Variable))
+    assert m["a"][0] is m["b"] and p1.value == 2.0 and p2.value == 1.0
+    update(p1, State({}))  # an empty State writes nothing, as NNX
+    assert p1.value == 2.0
+    with pytest.raises(ValueError):
+        update(Tied(), None)  # a graph still needs a source

@@ -370,7 +370,9 @@ def update(node: Any, *states: Any) -> None:
 
     Arguments:
         node: the live graph (or pytree of Variables) to write into; or a lone
-            Variable, with the Variable `split(variable)` gave as its state.
+            Variable, with the Variable `split(variable)` gave as its state (`None` or
+            an empty State, as `grad` gives at the second place of a shared Variable,
+            writes nothing).
         *states: States from `split`/`state`, or one pure dict, or one source tree (see
             above).
 
@@ -399,9 +401,14 @@ def update(node: Any, *states: Any) -> None:
     if not states:
         raise TypeError("update needs at least one State (or source tree) to write.")
     states = tuple(s._state if isinstance(s, GraphState) else s for s in states)
-    if isinstance(node, Variable) and any(isinstance(s, Variable) for s in states):
-        _update_lone_variable(node, states)
-        return
+    if isinstance(node, Variable):
+        if any(isinstance(s, Variable) for s in states):
+            _update_lone_variable(node, states)
+            return
+        if all(s is None or (isinstance(s, State) and not s) for s in states):
+            # What `grad` gives at the second path of a shared Variable (its gradient is
+            # at the first): `jax.tree.map(update, model, grads, ...)` skips it, as NNX.
+            return
     if not all(isinstance(s, State) for s in states):
         if len(states) != 1:
             raise TypeError(
