@@ -39,7 +39,7 @@ def test_fork_gives_independent_streams_and_advances_each_parent_stream_once():
 def test_fork_without_a_default_stream_has_none_either():
     forked = Rngs(params=3).fork()
     assert forked.streams() == ["params"]
-    with pytest.raises(AttributeError, match="no stream 'dropout' and no default"):
+    with pytest.raises(AttributeError, match="^No RngStream named 'dropout' found in Rngs, and no default"):
         forked.dropout()
 
 
@@ -123,9 +123,9 @@ def test_indexing_is_attribute_access():
     assert rngs["params"] is rngs.default  # no "params" stream: the default one
     assert rngs["split"] is rngs.default  # a method's name is not a stream's
     only_params = Rngs(params=0)
-    with pytest.raises(KeyError, match=r"no stream 'dropout'.*streams: \['params'\]"):
+    with pytest.raises(KeyError, match=r"No RngStream named 'dropout'.*streams: \['params'\]"):
         only_params["dropout"]
-    with pytest.raises(AttributeError, match=r"no stream 'dropout'.*streams: \['params'\]"):
+    with pytest.raises(AttributeError, match=r"No RngStream named 'dropout'.*streams: \['params'\]"):
         only_params.dropout  # noqa: B018
 
 

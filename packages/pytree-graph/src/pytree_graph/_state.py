@@ -315,8 +315,9 @@ def check_everything_last(filters: Sequence[Any]) -> None:
             shown = ", ".join(map(show_filter, filters))
             rest = [show_filter(f) for j, f in enumerate(filters) if j != i]
             raise ValueError(
-                f"The filters ({shown}) have {show_filter(spec)} at position {i}, but it "
-                f"matches every leaf, so the filters after it ({', '.join(rest[i:])}) "
+                "`...` or `True` can only be used as the last filters, got "
+                f"{show_filter(spec)} at position {i} of ({shown}): it matches every "
+                f"leaf, so the filters after it ({', '.join(rest[i:])}) "
                 f"could never match anything. `...` catches the rest and must come last: "
                 f"({', '.join([*rest, show_filter(spec)])})."
             )
@@ -327,6 +328,7 @@ def _unmatched_message(path: Path, leaf: Any, filters: tuple[Any, ...]) -> str:
     kind = type(leaf).__name__
     shown = ", ".join(map(show_filter, filters))
     return (
+        "Non-exhaustive filters, got a non-empty remainder. "
         f"No filter matched the {kind} at path {path}: with filters ({shown}) every "
         f"Variable and array must match one. Add a filter for it (e.g. {kind}), or end "
         "the filters with `...` to collect everything else."

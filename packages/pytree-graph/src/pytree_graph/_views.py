@@ -68,8 +68,16 @@ def _set(
         found.update(names)
     missing = sorted(set(attributes) - found)
     if missing and raise_if_not_found:
+        # Opens with Flax NNX's words for the same error (its `nnx.view`, and
+        # `set_attributes` showing the names as a set).
+        opening = (
+            f"Unused keys found in nnx.view: {missing} (view)"
+            if function == "view"
+            else f"{function}: Could not find at least one instance of the following "
+            f"attributes: {{{', '.join(map(repr, missing))}}}"
+        )
         raise ValueError(
-            f"{function}: no selected Module has the attribute(s) {missing}. Check the "
+            f"{opening}: no selected Module has the attribute(s) {missing}. Check the "
             "spelling, or pass raise_if_not_found=False to set only those that exist."
         )
     for module, values, by_set_view in writes:

@@ -540,9 +540,9 @@ def _unwrap(module: Module, name: str, value: Any) -> tuple[bool | None, Any]:
         return None, value
     if not value.is_data and contains_array(value.value):
         raise ValueError(
-            f"Found arrays in the value assigned to attribute '{name}' of "
-            f"{type(module).__name__} with static(...): static values are never traced. "
-            f"Assign it as `data(...)`, or without static(...)."
+            f"Found Arrays in value of type '{type(value.value).__name__}' annotated with "
+            f"static(...) when setting attribute '{name}' of {type(module).__name__}: "
+            "static values are never traced. Assign it as `data(...)`, or without static(...)."
         )
     return value.is_data, value.value
 
@@ -613,11 +613,21 @@ def _set_during_init(module: Module, forced: dict[str, bool], name: str, value: 
 
 def _refuse_data_in_static(module: Module, name: str, value: Any) -> None:
     if contains_array(value):
+        cls = type(module)
+        # Flax NNX's wording: "unexpected" when the class declares the attribute static,
+        # "assigned to" when an earlier assignment made it static.
+        declared = cls.__module_info__.field_static.get(name) is True
+        opening = (
+            f"Found unexpected Arrays on value of type '{type(value).__name__}' in static "
+            f"attribute '{name}' of {cls.__name__} (declared static)"
+            if declared
+            else f"Found Arrays on value of type '{type(value).__name__}' assigned to static "
+            f"attribute '{name}' of {cls.__name__}"
+        )
         raise ValueError(
-            f"Cannot assign a value holding arrays to static attribute '{name}' of "
-            f"{type(module).__name__}: static values are never traced. To change its "
-            f"status explicitly, wrap the value: `.{name} = data(...)`; for a field "
-            "declared static, declare it without `static=True`."
+            f"{opening}: static values are never traced. To change its status explicitly, "
+            f"wrap the value: `.{name} = data(...)`; for a field declared static, declare "
+            "it without `static=True`."
         )
 
 

@@ -564,8 +564,8 @@ def with_rngs(
         if len(specific) > 1:
             matches = "; ".join(f"{kind} by {rule[0].spec!r}" for kind, rule in specific.items())
             raise ValueError(
-                f"{where}: the stream {stream.tag!r} at {path_text(path)} is selected by "
-                f"more than one rule ({matches}). Select each stream with one rule, e.g. "
+                f"{where}: RngStream at path {path_text(path)} matches multiple rules: the "
+                f"stream {stream.tag!r} is selected by more than one rule ({matches}). Select each stream with one rule, e.g. "
                 "split={'params': 4}, fork=... (`...` gives way to a named rule)."
             )
         kind, (_, num) = next(iter((specific or found).items()), ("keep", (None, None)))

@@ -271,8 +271,8 @@ class Rngs(Module):
         default = vars(self).get("default")
         if default is None:
             raise error(
-                f"Rngs has no stream {name!r} and no default stream to fall back to; its "
-                f"streams: {self.streams()}. Give one: Rngs(0) or Rngs({name}=0)."
+                f"No RngStream named {name!r} found in Rngs, and no default stream to fall "
+                f"back to; its streams: {self.streams()}. Give one: Rngs(0) or Rngs({name}=0)."
             )
         return default
 
