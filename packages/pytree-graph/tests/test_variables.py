@@ -251,3 +251,14 @@ def test_tree_at_replacing_a_variable_by_a_value_keeps_the_variable():
     # Two paths to one Variable cannot get two values.
     with pytest.raises(ValueError, match="twice, by two paths to one shared object"):
         tree_at(lambda m: (m.kernel, m.dec_kernel), model, (jnp.zeros((2, 2)), jnp.ones((2, 2))))
+
+
+def test_a_variable_holding_a_function_is_called_like_it():
+    class Scaled(Param):
+        def get_value(self):
+            return lambda x: super(Scaled, self).get_value()(x) * 10
+
+    assert Param(lambda x, y=1: x + y)(2, y=3) == 5
+    assert Scaled(lambda x: x + 1)(1) == 20  # through a get_value override
+    with pytest.raises(TypeError, match=r"Param is called like its value, but its value \(ArrayImpl\) is not callable"):
+        Param(jnp.ones(2))(1)

@@ -709,6 +709,17 @@ class Variable:
                 "`v.value = new_value` to replace the value."
             )
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # A Variable holding a function calls it, as Flax NNX's Variables forward calls.
+        value = self.value
+        if not callable(value):
+            raise TypeError(
+                f"A {type(self).__name__} is called like its value, but its value "
+                f"({type(value).__name__}) is not callable. Read it with `.value` (or "
+                "`v[...]`)."
+            )
+        return value(*args, **kwargs)
+
     def __len__(self) -> int:
         return len(self.value)
 
