@@ -106,8 +106,19 @@ def test_sow_and_perturb():
     y = model.linear(x)
     assert jnp.allclose(grads["y_grad"].value, 2 * y)  # d(sum y^2)/dy
     model.z = Param(jnp.zeros(2))
-    with pytest.raises(TypeError, match=r"Model\.z holds a Param, not a Variable of type Int"):
+    with pytest.raises(
+        ValueError,
+        match=r"^Expected 'z' to be of type 'Intermediate', got 'Param': sow found Model\.z "
+        r"holding a Param, not a Variable of type Intermediate",
+    ):
         model.sow(Intermediate, "z", x)
+    model.w = 10
+    with pytest.raises(ValueError, match=r"^Expected 'w' to be a Variable, got int: sow"):
+        model.sow(Intermediate, "w", x)
+    with pytest.raises(ValueError, match=r"^Expected 'w' to be a Variable, got int: perturb"):
+        model.perturb("w", x)
+    with pytest.raises(ValueError, match=r"^Expected 'z' to be of type 'Perturbation'"):
+        model.perturb("z", x)
 
 
 def test_train_eval_and_set_attributes():

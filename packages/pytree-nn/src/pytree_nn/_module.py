@@ -21,6 +21,22 @@ def _append(collected: tuple, value: Any) -> tuple:
     return (*collected, value)
 
 
+def _not_of_type(method: str, module: Any, name: str, current: Any, variable_type: type) -> str:
+    """The error for `sow`/`perturb` under a name held by something else (Flax NNX's
+    words first, then where it is and what to do)."""
+    got = type(current).__name__
+    opening = (
+        f"Expected '{name}' to be of type '{variable_type.__name__}', got '{got}'"
+        if isinstance(current, Variable)
+        else f"Expected '{name}' to be a Variable, got {got}"
+    )
+    return (
+        f"{opening}: {method} found {type(module).__name__}.{name} holding a {got}, not a "
+        f"Variable of type {variable_type.__name__}. {method.capitalize()} under another "
+        "name, or remove the attribute first."
+    )
+
+
 class Module(pytree_module.Module):
     """A Module for neural networks: pytree_module's `Module` with a few conveniences.
 
@@ -71,7 +87,8 @@ class Module(pytree_module.Module):
             are (as in Flax NNX).
 
         Raises:
-            TypeError: `name` is an attribute that is not a Variable of that type.
+            ValueError: `name` is an attribute that is not a Variable of that type (as
+                Flax NNX raises).
         """
         capturing = CAPTURING.get()
         if capturing is not None and variable_type not in capturing:
@@ -79,11 +96,7 @@ class Module(pytree_module.Module):
         if name in vars(self):
             current = getattr(self, name)
             if not isinstance(current, variable_type):
-                raise TypeError(
-                    f"sow: {type(self).__name__}.{name} holds a {type(current).__name__}, "
-                    f"not a Variable of type {variable_type.__name__}; sow under another "
-                    "name, or remove it first."
-                )
+                raise ValueError(_not_of_type("sow", self, name, current, variable_type))
             current.value = reduce_fn(current.value, value)
         else:
             setattr(self, name, variable_type(reduce_fn(init_fn(), value)))
@@ -113,11 +126,7 @@ class Module(pytree_module.Module):
             setattr(self, name, variable_type(jnp.zeros_like(value)))
         perturbation = getattr(self, name)
         if not isinstance(perturbation, variable_type):
-            raise TypeError(
-                f"perturb: {type(self).__name__}.{name} holds a "
-                f"{type(perturbation).__name__}, not a Variable of type "
-                f"{variable_type.__name__}; perturb under another name."
-            )
+            raise ValueError(_not_of_type("perturb", self, name, perturbation, variable_type))
         return value + perturbation.value
 
     def set_attributes(
