@@ -262,3 +262,12 @@ def test_a_variable_holding_a_function_is_called_like_it():
     assert Scaled(lambda x: x + 1)(1) == 20  # through a get_value override
     with pytest.raises(TypeError, match=r"Param is called like its value, but its value \(ArrayImpl\) is not callable"):
         Param(jnp.ones(2))(1)
+
+
+def test_flax_nnx_variable_hooks_are_refused_with_the_fix():
+    with pytest.raises(TypeError, match=r"Param got the Variable hook\(s\) \['on_get_value'\].*overriding `get_value`"):
+        Param(jnp.array(1), on_get_value=lambda variable, value: value + 3)
+    v = Param(jnp.array(1))
+    with pytest.raises(TypeError, match=r"\['on_add_axis', 'on_set_value'\]"):
+        v.set_metadata(on_set_value=lambda variable, value: value, on_add_axis=print)
+    assert v.get_metadata() == {}  # nothing changed

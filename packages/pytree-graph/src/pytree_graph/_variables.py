@@ -142,6 +142,25 @@ def canonical_metadata(owner: str, metadata: Mapping[str, Any]) -> Mapping[str, 
     return renamed
 
 
+# Flax NNX's Variable hooks (deprecated there). Kept as metadata they would be silently
+# ignored; a subclass overriding `get_value`/`set_value` does the same job, and plain
+# Variables keep their direct reads.
+_HOOKS = frozenset(
+    {"on_get_value", "on_set_value", "on_create_value", "on_add_axis", "on_remove_axis"}
+)
+
+
+def _hooks_message(cls: type, hooks: list[str]) -> str:
+    name = cls.__name__
+    return (
+        f"{name} got the Variable hook(s) {hooks} (Flax NNX's metadata hooks, deprecated "
+        "there), which are not supported: they would be kept as plain metadata and never "
+        f"called. Subclass instead: `class My{name}({name})` overriding `get_value` "
+        "(on_get_value) or `set_value` (on_set_value), each calling `super()`; for "
+        "on_create_value, transform the value before making the Variable."
+    )
+
+
 def _kind(cls: type, metadata: Mapping[str, Any]) -> _Kind:
     items = tuple(sorted(metadata.items()))
     try:
@@ -161,6 +180,9 @@ def _kind(cls: type, metadata: Mapping[str, Any]) -> _Kind:
     key = (cls, static_key(items))
     kind = _kinds.get(key)
     if kind is None:
+        hooks = _HOOKS.intersection(metadata)
+        if hooks:
+            raise TypeError(_hooks_message(cls, sorted(hooks)))
         array_backed = metadata.get("ref") is True or metadata.get("hijax") is True
         kind = _kinds[key] = (_ArrayBackedKind if array_backed else _Kind)(cls, items)
     return kind
