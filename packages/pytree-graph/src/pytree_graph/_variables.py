@@ -223,8 +223,10 @@ def wrote_values() -> int:
 
 def _guard(variable: "Variable", what: str) -> None:
     if not same_trace(variable._pg_trace):
+        kind = type(variable).__name__
         raise TraceContextError(
-            f"Cannot {what} of a {type(variable).__name__} created outside the current JAX "
+            f"Cannot mutate {kind} from a different trace level (Flax NNX's words). "
+            f"Cannot {what} of a {kind} created outside the current JAX "
             "transform (it was captured, not passed in): the new value would leak a tracer "
             "out of the transform. Pass the Variable (or the object holding it) into the "
             "transformed function as an argument, use the graph transforms of pytree_graph "

@@ -647,6 +647,7 @@ def _check_mutable(module: Module, info: ModuleInfo, name: str, action: str) -> 
 def _trace_error(module: Module, name: str, action: str) -> TraceContextError:
     kind = type(module).__name__
     return TraceContextError(
+        f"Cannot mutate '{kind}' from different trace level (Flax NNX's words). "
         f"Cannot {action} attribute '{name}' of {kind}: this {kind} was created outside "
         "the JAX transformation (jit, grad, vmap, scan, ...) that is tracing now, so the "
         "change would leak tracers out of it. Pass the module into the transformed "
