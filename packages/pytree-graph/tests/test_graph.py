@@ -108,7 +108,11 @@ def test_split_with_filters_and_merge_many_states():
 
 def test_filters_must_be_exhaustive():
     model = StatefulLinear(2, 3, jax.random.key(0))
-    with pytest.raises(ValueError, match=r"^Non-exhaustive filters, got a non-empty remainder\. No filter matched the Count at path \('count',\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"^Non-exhaustive filters, got a non-empty remainder\. "
+        r"No filter matched the Count at path \('count',\)",
+    ):
         split(model, Param)
     assert list(state(model, Param)) == ["w", "b"] or sorted(state(model, Param)) == ["b", "w"]
 
@@ -426,7 +430,11 @@ def test_split_refuses_filters_after_everything():
             split(model, *filters)
     with pytest.raises(ValueError, match=r"the filters after it \(Param\) could never match"):
         state(model, ..., Param)
-    with pytest.raises(ValueError, match=r"^`\.\.\.` or `True` can only be used as the last filters, got \.\.\. at position 0 .*: it matches every leaf"):
+    with pytest.raises(
+        ValueError,
+        match=r"^`\.\.\.` or `True` can only be used as the last filters, "
+        r"got \.\.\. at position 0 .*: it matches every leaf",
+    ):
         pop(model, ..., Param)
     assert split(model, Param, ...)[1]  # `...` last is fine
 

@@ -165,7 +165,11 @@ def test_writes_are_guarded_by_trace_level():
     def write():
         v.value = jnp.ones(2)
 
-    with pytest.raises(TraceContextError, match=r"^Cannot mutate Param from a different trace level .*created outside the current JAX transform"):
+    with pytest.raises(
+        TraceContextError,
+        match=r"^Cannot mutate Param from a different trace level "
+        r".*created outside the current JAX transform",
+    ):
         write()
 
     @jax.jit
@@ -260,12 +264,18 @@ def test_a_variable_holding_a_function_is_called_like_it():
 
     assert Param(lambda x, y=1: x + y)(2, y=3) == 5
     assert Scaled(lambda x: x + 1)(1) == 20  # through a get_value override
-    with pytest.raises(TypeError, match=r"Param is called like its value, but its value \(ArrayImpl\) is not callable"):
+    with pytest.raises(
+        TypeError,
+        match=r"Param is called like its value, but its value \(ArrayImpl\) is not callable",
+    ):
         Param(jnp.ones(2))(1)
 
 
 def test_flax_nnx_variable_hooks_are_refused_with_the_fix():
-    with pytest.raises(TypeError, match=r"Param got the Variable hook\(s\) \['on_get_value'\].*overriding `get_value`"):
+    with pytest.raises(
+        TypeError,
+        match=r"Param got the Variable hook\(s\) \['on_get_value'\].*overriding `get_value`",
+    ):
         Param(jnp.array(1), on_get_value=lambda variable, value: value + 3)
     v = Param(jnp.array(1))
     with pytest.raises(TypeError, match=r"\['on_add_axis', 'on_set_value'\]"):

@@ -68,7 +68,11 @@ def test_view_only_and_raise_if_not_found():
     block = Block()
     only = view(block, only=Dropout, deterministic=True)
     assert only.dropout.deterministic
-    with pytest.raises(ValueError, match=r"^Unused keys found in nnx.view: \['foo'\].*no selected Module has the attribute\(s\) \['foo'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"^Unused keys found in nnx.view: \['foo'\]"
+        r".*no selected Module has the attribute\(s\) \['foo'\]",
+    ):
         view(block, foo=1)
     with pytest.raises(ValueError, match="use_running_average"):
         view(block, only=Dropout, use_running_average=True)

@@ -100,13 +100,17 @@ def test_static_marked_field_refuses_arrays():
     class Bar(Module):
         a: jax.Array = static()
 
-    with pytest.raises(ValueError, match="^Found unexpected Arrays .* in static attribute 'a' of Bar"):
+    with pytest.raises(
+        ValueError, match=r"^Found unexpected Arrays .* in static attribute 'a' of Bar"
+    ):
         Bar(a=jnp.array(3))
 
     class Baz(Module):
         a: Static[jax.Array]
 
-    with pytest.raises(ValueError, match="^Found unexpected Arrays .* in static attribute 'a' of Baz"):
+    with pytest.raises(
+        ValueError, match=r"^Found unexpected Arrays .* in static attribute 'a' of Baz"
+    ):
         Baz(jnp.array(3))
 
 

@@ -490,7 +490,10 @@ def test_arrays_assigned_with_static_wrapper():
         def __init__(self, name):
             self.name = static(name)
 
-    with pytest.raises(ValueError, match=r"^Found Arrays in value of type .* annotated with static\(\.\.\.\) .*'name' of Foo"):
+    with pytest.raises(
+        ValueError,
+        match=r"^Found Arrays in value of type .* annotated with static\(\.\.\.\) .*'name' of Foo",
+    ):
         Foo(name=jnp.array(123))
 
 
@@ -502,7 +505,11 @@ def test_arrays_assigned_to_known_static_attribute_leave_nothing_changed():
 
     foo = Foo("mattjj")
     structure = jax.tree.structure(foo)
-    with pytest.raises(ValueError, match=r"^Found Arrays on value of type .* assigned to static attribute 'name' of Foo.*data\(\.\.\.\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"^Found Arrays on value of type .* assigned to static attribute 'name' of Foo"
+        r".*data\(\.\.\.\)",
+    ):
         foo.name = jnp.array(123)
     assert foo.name == "mattjj"
     assert jax.tree.structure(foo) == structure
@@ -514,7 +521,10 @@ def test_arrays_in_static_field_at_init():
     class Foo(Module):
         shape: tuple = static()
 
-    with pytest.raises(ValueError, match="^Found unexpected Arrays on value of type .* in static attribute 'shape' of Foo"):
+    with pytest.raises(
+        ValueError,
+        match=r"^Found unexpected Arrays on value of type .* in static attribute 'shape' of Foo",
+    ):
         Foo(jnp.ones(2))
 
 

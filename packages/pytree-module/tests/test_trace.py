@@ -29,7 +29,11 @@ def test_mutating_a_captured_module_inside_a_transform_raises(transform):
         counter.count += 1
         return jnp.sum(x) * 1.0
 
-    with pytest.raises(TraceContextError, match=r"^Cannot mutate 'Counter' from different trace level .*created outside the JAX transformation"):
+    with pytest.raises(
+        TraceContextError,
+        match=r"^Cannot mutate 'Counter' from different trace level "
+        r".*created outside the JAX transformation",
+    ):
         transform(increment)(jnp.arange(3.0))
     assert counter.count == 0
 

@@ -42,7 +42,9 @@ def test_rngs_accept_seeds_and_keys_and_refuse_the_rest():
     with pytest.raises(ValueError, match="cannot be called 'normal'"):
         Rngs(normal=0)
     only_params = Rngs(params=0)
-    with pytest.raises(AttributeError, match="No RngStream named 'dropout' found in Rngs, and no default"):
+    with pytest.raises(
+        AttributeError, match="No RngStream named 'dropout' found in Rngs, and no default"
+    ):
         only_params.dropout()
 
 
@@ -135,8 +137,9 @@ def test_train_eval_and_set_attributes():
     net.set_attributes(rate=0.2)
     assert net.drop.rate == 0.2 and net.blocks[0].rate == 0.2
     with pytest.raises(
-        ValueError, match=r"Could not find at least one instance of the following attributes: \{'momentum'\}.*"
-        r"no selected Module has the attribute\(s\) \['momentum'\]"
+        ValueError,
+        match=r"Could not find at least one instance of the following attributes: \{'momentum'\}.*"
+        r"no selected Module has the attribute\(s\) \['momentum'\]",
     ):
         net.set_attributes(momentum=0.9)
     # Filters select the Modules, as Flax NNX's `Module.set_attributes(*filters, ...)`.

@@ -421,7 +421,10 @@ def test_with_rngs_as_a_decorator_gives_each_call_copies():
 
 def test_with_rngs_errors_change_nothing():
     rngs = Rngs(params=0, dropout=1)
-    with pytest.raises(ValueError, match=r"matches multiple rules: the stream 'params'.*more than one rule.*split by 'params'"):
+    with pytest.raises(
+        ValueError,
+        match=r"matches multiple rules: the stream 'params'.*more than one rule.*split by 'params'",
+    ):
         with_rngs(rngs, split={"params": 4}, fork="params")
     with pytest.raises(ValueError, match="no stream called 'noise'"):
         with_rngs(rngs, fork=["dropout", "noise"])

@@ -39,7 +39,9 @@ def test_fork_gives_independent_streams_and_advances_each_parent_stream_once():
 def test_fork_without_a_default_stream_has_none_either():
     forked = Rngs(params=3).fork()
     assert forked.streams() == ["params"]
-    with pytest.raises(AttributeError, match="^No RngStream named 'dropout' found in Rngs, and no default"):
+    with pytest.raises(
+        AttributeError, match=r"^No RngStream named 'dropout' found in Rngs, and no default"
+    ):
         forked.dropout()
 
 
@@ -125,7 +127,9 @@ def test_indexing_is_attribute_access():
     only_params = Rngs(params=0)
     with pytest.raises(KeyError, match=r"No RngStream named 'dropout'.*streams: \['params'\]"):
         only_params["dropout"]
-    with pytest.raises(AttributeError, match=r"No RngStream named 'dropout'.*streams: \['params'\]"):
+    with pytest.raises(
+        AttributeError, match=r"No RngStream named 'dropout'.*streams: \['params'\]"
+    ):
         only_params.dropout  # noqa: B018
 
 

@@ -565,8 +565,9 @@ def with_rngs(
             matches = "; ".join(f"{kind} by {rule[0].spec!r}" for kind, rule in specific.items())
             raise ValueError(
                 f"{where}: RngStream at path {path_text(path)} matches multiple rules: the "
-                f"stream {stream.tag!r} is selected by more than one rule ({matches}). Select each stream with one rule, e.g. "
-                "split={'params': 4}, fork=... (`...` gives way to a named rule)."
+                f"stream {stream.tag!r} is selected by more than one rule ({matches}). Select "
+                "each stream with one rule, e.g. split={'params': 4}, fork=... (`...` gives "
+                "way to a named rule)."
             )
         kind, (_, num) = next(iter((specific or found).items()), ("keep", (None, None)))
         return ("keep", None) if kind != "fork" and num is None else (kind, num)
