@@ -111,7 +111,7 @@ def check_distinct(transform: str, option: str, argnums: list[int]) -> None:
         seen.add(argnum)
 
 
-def resolve_argnums(transform: str, option: str, argnums: list[int], num_args: int) -> list:
+def argnums_in_call(transform: str, option: str, argnums: list[int], num_args: int) -> list:
     """`argnums` as positions in a call with `num_args` positional arguments.
 
     Raises:
@@ -178,7 +178,7 @@ class _GraphValueAndGrad(BindsAsMethod):
         functools.update_wrapper(self, fun, updated=())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        argnums = resolve_argnums(
+        argnums = argnums_in_call(
             self._transform, "argnums", [a for a, _ in self._entries], len(args)
         )
         selectors = dict(zip(argnums, (s for _, s in self._entries), strict=True))

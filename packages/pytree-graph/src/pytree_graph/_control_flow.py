@@ -17,6 +17,7 @@ every step), and a step's arguments after the call (the carry argument replaced 
 carry returned) must have the structure they came in with.
 """
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
@@ -704,36 +705,18 @@ _STRUCTURE_CHANGED = (
 )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
 class _Added:
     """Objects a step of `scan` added to its arguments (a static pytree): the arguments'
     structure after the step, the leaf position after it of each leaf that came in
     (`old_at`), the positions of the new leaves (`created`) and the axis each is stacked
     along, and, for each object after, the index of the object it was (-1 for new)."""
 
-    __slots__ = ("axes", "created", "graphdef", "old_at", "origins")
-
-    def __init__(
-        self,
-        graphdef: GraphDef,
-        old_at: tuple[int, ...],
-        created: tuple[int, ...],
-        axes: tuple[int, ...],
-        origins: tuple[int, ...],
-    ):
-        self.graphdef = graphdef
-        self.old_at = old_at
-        self.created = created
-        self.axes = axes
-        self.origins = origins
-
-    def _key(self) -> tuple:
-        return (self.graphdef, self.old_at, self.created, self.axes, self.origins)
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _Added and self._key() == other._key()
+    graphdef: GraphDef
+    old_at: tuple[int, ...]
+    created: tuple[int, ...]
+    axes: tuple[int, ...]
+    origins: tuple[int, ...]
 
     def apply(self, lifted: LiftedCall, values: list[Any], created: list[Any]) -> None:
         """Give the caller's objects the structure after the loop: `values` for the leaves
@@ -867,36 +850,18 @@ class _BroadcastWritten(Exception):
         self.positions = positions
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
 class _StepInfo:
     """What a traced step of `scan` found out (a static pytree, returned by the loop):
     the positions of the carried leaves that change and of the scanned leaves it wrote,
     the structure of its stacked output and the axis of each of its values, and the
     objects it added to the arguments, if any."""
 
-    __slots__ = ("added", "carried_changed", "written", "y_axes", "y_graphdef")
-
-    def __init__(
-        self,
-        carried_changed: tuple[int, ...],
-        written: tuple[int, ...],
-        y_graphdef: GraphDef,
-        y_axes: tuple,
-        added: "_Added | None",
-    ):
-        self.carried_changed = carried_changed
-        self.written = written
-        self.y_graphdef = y_graphdef
-        self.y_axes = y_axes
-        self.added = added
-
-    def _key(self) -> tuple:
-        return (self.carried_changed, self.written, self.y_graphdef, self.y_axes, self.added)
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _StepInfo and self._key() == other._key()
+    carried_changed: tuple[int, ...]
+    written: tuple[int, ...]
+    y_graphdef: GraphDef
+    y_axes: tuple
+    added: _Added | None
 
 
 jax.tree_util.register_static(_StepInfo)

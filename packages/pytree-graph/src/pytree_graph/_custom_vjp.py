@@ -11,7 +11,7 @@ import jax
 from pytree_transforms.extend import BindsAsMethod
 
 from ._aliases import lift_recording_aliases
-from ._autodiff import DiffState, parse_argnums, resolve_argnums
+from ._autodiff import DiffState, parse_argnums, argnums_in_call
 from ._boundary import Call, Inside
 from ._errors import check_callable
 from ._graph_mode import resolve_modes
@@ -74,7 +74,7 @@ class _GraphCustomVjp(BindsAsMethod):
                 f"`{self.__name__}.defvjp(fwd, bwd)` before calling it."
             )
         call = self._call
-        argnums = resolve_argnums(
+        argnums = argnums_in_call(
             "custom_vjp", "nondiff_argnums", [a for a, _, _ in self._entries], len(args)
         )
         nondiff = [
