@@ -11,7 +11,7 @@ import jax
 from pytree_transforms.extend import BindsAsMethod
 
 from ._aliases import lift_recording_aliases
-from ._autodiff import DiffState, parse_argnums, argnums_in_call
+from ._autodiff import DiffState, argnums_in_call, parse_argnums
 from ._boundary import Call, Inside
 from ._errors import check_callable
 from ._graph_mode import resolve_modes
