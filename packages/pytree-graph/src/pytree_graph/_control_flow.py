@@ -987,8 +987,13 @@ class _GraphScan(BindsAsMethod):
         # Values that are not arrays (a Python number in a Variable) stay in the function,
         # and in the key it is kept under.
         broadcast = [p for p, role in enumerate(roles) if role is None]
-        passed = [p for p in broadcast if _passes_as_carry(values[p])]
-        fixed = {p: values[p] for p in broadcast if not _passes_as_carry(values[p])}
+        passed: list[int] = []
+        fixed: dict[int, Any] = {}
+        for p in broadcast:  # each value's leaves looked at once
+            if _passes_as_carry(values[p]):
+                passed.append(p)
+            else:
+                fixed[p] = values[p]
         key = _step_key(lifted.graphdef, roles, fixed)
         # Broadcast leaves the function writes get a slot in the carry for the last step's
         # write; which ones is known only once a step is traced, so the loop is traced again
