@@ -1,13 +1,15 @@
-"""`List` and `Dict`: behave as list and dict, and every in-place change bumps the mutation
-count (which graph caches rely on to skip comparing their items)."""
+"""`List` and `Dict`: behave as list and dict, every in-place change bumps the mutation
+count (which graph caches rely on to skip comparing their items), and changes from another
+JAX trace are refused (as a Module's are)."""
 
 import copy
 import pickle
 
+import jax
 import jax.numpy as jnp
 import pytest
 
-from pytree_module import Dict, List
+from pytree_module import Dict, List, TraceContextError
 from pytree_module.extend import mutations
 
 # Each in-place change of a List: the call, and the list it must leave.
@@ -103,3 +105,72 @@ def test_copies_and_pickles_keep_the_type_and_items():
         assert type(made) is List and len(made) == 2 and made[1] == 1.0
     for made in (copy.copy(d), copy.deepcopy(d), pickle.loads(pickle.dumps(d))):
         assert type(made) is Dict and type(made["a"]) is List and made == {"a": [1, 2], "b": 3}
+
+
+# ------------------------------------------------------------------ the trace-level guard
+
+
+def test_a_container_made_outside_a_jax_transform_cannot_change_inside_it():
+    d, xs = Dict(a=1), List([1])
+    seen = []
+
+    @jax.jit
+    def f(x):
+        for change in (
+            lambda: setattr(d, "a", x),
+            lambda: d.update(b=x),
+            lambda: xs.append(x),
+            lambda: xs.__setitem__(0, x),
+        ):
+            with pytest.raises(TraceContextError, match=r"Cannot mutate '(Dict|List)' from"):
+                change()
+            seen.append(True)
+        return x
+
+    f(1.0)
+    assert seen == [True] * 4
+    assert d == {"a": 1} and xs == [1]  # nothing half-changed, no tracer leaked
+
+
+def test_the_error_names_the_change_and_the_fix():
+    xs = List()
+
+    @jax.jit
+    def f(x):
+        with pytest.raises(TraceContextError) as error:
+            xs.append(x)
+        assert "`append`" in str(error.value) and "argument" in str(error.value)
+        return x
+
+    f(1.0)
+
+
+def test_containers_made_or_passed_inside_a_transform_change_freely():
+    @jax.jit
+    def f(d):
+        d["b"] = d["a"] * 2  # `d` was rebuilt inside (a pytree argument)
+        made = List()
+        made.append(d["b"])
+        return d, made
+
+    d, made = f(Dict(a=jnp.ones(2)))
+    assert set(d) == {"a", "b"} and type(made) is List
+    d["c"] = 3  # the containers that come out are the caller's trace's
+    made.append(4)
+
+
+def test_copies_pickles_and_cycles_are_made_in_the_current_trace():
+    xs = List([1])
+    xs.append(xs)  # a List holding itself
+    copied = copy.deepcopy(xs)
+    assert copied[1] is copied and copied[0] == 1
+    d = pickle.loads(pickle.dumps(Dict(a=1)))
+    d.b = 2  # changeable: the unpickled Dict has a trace of its own
+
+    @jax.jit
+    def f(x):
+        inner = copy.copy(Dict(a=x))
+        inner["b"] = x
+        return inner["b"]
+
+    assert f(2.0) == 2.0

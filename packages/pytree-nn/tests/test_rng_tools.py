@@ -499,3 +499,31 @@ def test_splitting_or_forking_a_node_without_streams_is_refused(call):
 def test_restore_rngs_of_what_is_not_iterable_names_what_it_expects():
     with pytest.raises(TypeError, match=r"restore_rngs expects .* got int 5"):
         restore_rngs(5)
+
+
+@pytest.mark.parametrize(
+    "decorate",
+    [
+        lambda f: split_rngs(splits=2, only="params")(f),
+        lambda f: fork_rngs(split={"params": 2})(f),
+        lambda f: with_rngs(split={"params": 2})(f),
+    ],
+    ids=["split_rngs", "fork_rngs", "with_rngs"],
+)
+def test_a_decorator_leaves_alone_what_a_calls_arguments_lack(decorate):
+    # A decorator is written once for any call's arguments (as in NNX): a stream it
+    # names that this call's arguments lack, or arguments with no stream at all, are
+    # no error, and what they hold is not changed.
+    seen = []
+
+    @decorate
+    def f(rngs, x):
+        seen.append(rngs.dropout.key.value.shape if rngs is not None else None)
+        return x
+
+    rngs = Rngs(dropout=0)
+    assert f(rngs, 1) == 1 and f(None, 2) == 2
+    assert seen == [(), None]
+    assert rngs.dropout.key.value.shape == ()
+    with pytest.raises(ValueError, match="no stream called 'params'"):
+        split_rngs(rngs, splits=2, only="params")  # given the node: a typo

@@ -240,3 +240,17 @@ def test_a_second_restore_repeats_nnxs_keys_but_not_ours():
     np.testing.assert_array_equal(first, second)
     first, second = draws_after_two_restores(pnn)
     assert not np.array_equal(first, second)
+
+
+def test_a_split_rngs_decorator_naming_an_absent_stream_changes_nothing_as_nnx():
+    ours, theirs = pnn.Rngs(dropout=0), nnx.Rngs(dropout=0)
+    seen = {}
+    for name, lib, rngs in (("ours", pnn, ours), ("theirs", nnx, theirs)):
+
+        @lib.split_rngs(splits=5, only="params")
+        def f(rngs, name=name):
+            seen[name] = tuple(rngs.dropout.key[...].shape)
+
+        f(rngs)
+    assert seen["ours"] == seen["theirs"] == ()  # not split inside
+    same_streams(ours, theirs, ["dropout"])  # nor changed after

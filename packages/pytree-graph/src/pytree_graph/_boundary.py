@@ -28,7 +28,7 @@ from typing import Any
 
 import jax
 
-from pytree_module import Module, Partial, TraceContextError
+from pytree_module import Dict, List, Module, Partial, TraceContextError
 from pytree_module.extend import same_trace, trace_of
 
 from ._graphdef import Builder, GraphDef
@@ -255,10 +255,19 @@ def holds_graph_nodes(value: Any) -> bool:
 
 
 def holds_modules(value: Any) -> bool:
-    """Whether `value` is, or holds, a Module."""
+    """Whether `value` is, or holds, a Module or a `Dict`/`List` container: objects of
+    a graph (NNX's `nnx.Dict` and `nnx.List` are Modules), whose gradient is a `State`."""
     return any(
-        isinstance(leaf, Module) for leaf in jax.tree_util.tree_leaves(value, is_leaf=_stops)
+        isinstance(leaf, _GRAPH_OBJECTS)
+        for leaf in jax.tree_util.tree_leaves(value, is_leaf=_stops_at_graph_objects)
     )
+
+
+_GRAPH_OBJECTS = (Module, Dict, List)
+
+
+def _stops_at_graph_objects(value: Any) -> bool:
+    return isinstance(value, (*_GRAPH_OBJECTS, Variable))
 
 
 def _stops(value: Any) -> bool:

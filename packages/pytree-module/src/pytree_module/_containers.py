@@ -14,21 +14,46 @@ from typing import Any
 import jax
 from jax.tree_util import DictKey, SequenceKey
 
+from ._errors import TraceContextError
 from ._mutations import touch
 from ._status import register_data_type
+from ._trace import current_trace_token, trace_state
+
+# The current trace's token, as `current_trace_token()` gives it, but without a Python
+# frame where JAX's trace state can be read: the guard reads it at every change.
+_token = (
+    current_trace_token if trace_state is None else functools.partial(getattr, trace_state, "value")
+)
 
 
 def _touching(method: Callable[..., Any]) -> Callable[..., Any]:
-    """`method` of the built-in base, followed by `touch()` (after the change, as the
-    mutation count requires)."""
+    """`method` of the built-in base, refused outside the container's own trace (as a
+    Module's assignments are), followed by `touch()` (after the change, as the mutation
+    count requires)."""
+    action = method.__name__
 
     @functools.wraps(method)
     def changed(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+        made_in, now = self._pm_trace, _token()
+        if made_in is not now and made_in != now:
+            raise _trace_error(self, action)
         result = method(self, *args, **kwargs)
         touch()
         return result
 
     return changed
+
+
+def _trace_error(container: Any, action: str) -> TraceContextError:
+    kind = type(container).__name__
+    return TraceContextError(
+        f"Cannot mutate '{kind}' from different trace level (Flax NNX's words). This "
+        f"{kind} was created outside the JAX transformation (jit, grad, vmap, scan, ...) "
+        f"that is tracing now, so `{action}` on it would leak tracers out of it. Pass the "
+        f"{kind} (or the Module holding it) into the transformed function as an argument "
+        "and return it, or use pytree_graph's transforms, which write changes back to the "
+        "caller's objects."
+    )
 
 
 @register_data_type
@@ -56,7 +81,12 @@ class List(list):
         True
     """
 
-    __slots__ = ()
+    # The trace it was made in: changes from another are refused (the trace-level guard).
+    __slots__ = ("_pm_trace",)
+
+    def __init__(self, *args: Any) -> None:
+        list.__init__(self, *args)
+        _set_list_trace(self, current_trace_token())
 
     __setitem__ = _touching(list.__setitem__)
     __delitem__ = _touching(list.__delitem__)
@@ -73,6 +103,10 @@ class List(list):
 
     def __repr__(self) -> str:
         return f"List({list.__repr__(self)})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Items after construction (as a list's own), so that a List holding itself copies.
+        return type(self), (), None, iter(self)
 
 
 @register_data_type
@@ -102,7 +136,11 @@ class Dict(dict):
         (1.0, 2.0)
     """
 
-    __slots__ = ()
+    __slots__ = ("_pm_trace",)  # as List's
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        dict.__init__(self, *args, **kwargs)
+        _set_dict_trace(self, current_trace_token())
 
     def __getattr__(self, name: str) -> Any:
         # Called only when no attribute of the class has the name: a key, or an error.
@@ -148,6 +186,9 @@ class Dict(dict):
     def __repr__(self) -> str:
         return f"Dict({dict.__repr__(self)})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (), None, None, iter(self.items())
+
 
 def _sorted_keys(d: dict) -> tuple[Any, ...]:
     try:
@@ -166,15 +207,32 @@ def _flatten_dict_with_keys(d: Dict) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     return tuple((DictKey(k), d[k]) for k in keys), keys
 
 
+# The slots' setters, called directly: unflatten runs on every call of a jitted function
+# whose output holds containers, and `List(children)` through `__init__` costs twice as much.
+_set_list_trace = List.__dict__["_pm_trace"].__set__
+_set_dict_trace = Dict.__dict__["_pm_trace"].__set__
+
+
+def _unflatten_list(_: None, children: Any) -> List:
+    xs = list.__new__(List)
+    list.extend(xs, children)
+    _set_list_trace(xs, _token())
+    return xs
+
+
+def _unflatten_dict(keys: tuple[Any, ...], children: Any) -> Dict:
+    d = dict.__new__(Dict)
+    dict.update(d, zip(keys, children, strict=True))
+    _set_dict_trace(d, _token())
+    return d
+
+
 jax.tree_util.register_pytree_with_keys(
     List,
     lambda xs: (tuple((SequenceKey(i), x) for i, x in enumerate(xs)), None),
-    lambda _, children: List(children),
+    _unflatten_list,
     flatten_func=lambda xs: (tuple(xs), None),
 )
 jax.tree_util.register_pytree_with_keys(
-    Dict,
-    _flatten_dict_with_keys,
-    lambda keys, children: Dict(zip(keys, children, strict=True)),
-    flatten_func=_flatten_dict,
+    Dict, _flatten_dict_with_keys, _unflatten_dict, flatten_func=_flatten_dict
 )

@@ -236,7 +236,9 @@ def _check_names(
     selectors: Iterable[_Selector], streams: list[tuple[Path, RngStream]], where: str
 ) -> None:
     """A stream name that names no stream of the graph is a typo, and a graph with no
-    stream at all the wrong argument: say so, change nothing."""
+    stream at all the wrong argument: say so, change nothing. Only where the graph is
+    given: a decorator is written once for the arguments of any call, so there (as in
+    NNX) a stream it names that a call's arguments lack is simply not changed."""
     if not streams:
         raise ValueError(
             f"{where}: `node` holds no RngStream, so there is nothing to split or fork. Pass "
@@ -362,7 +364,8 @@ def split_rngs(
         splits: how many streams: an int, or a tuple for a stack of that shape.
         only: which streams: a stream name (`"params"`), a filter on the streams' RngKey
             and RngCount Variables (`RngState`, `PathContains("layers")`), a list of
-            those, or `...` (all; the default). A name no stream has is an error.
+            those, or `...` (all; the default). A name no stream of `node` has is an
+            error (a typo); the decorator leaves such streams alone, as NNX.
         squeeze: with `splits=1`, drop the new axis (the stream is forked).
         graph: `False` for tree mode (`node` walked as a pytree: a stream reached twice
             raises); `None` reads `pytree_graph.set_graph_mode`.
@@ -406,8 +409,11 @@ def split_rngs(
 
     in_place = _in_place_mode(graph, graph_updates)
 
+    decorating = node is _MISSING
+
     def transform(node: Any) -> Any:
-        _check_names([selector], _streams(node, graph), where)
+        if not decorating:
+            _check_names([selector], _streams(node, graph), where)
 
         def plan(path: Path, stream: RngStream) -> Any:
             if not selector(path, stream):
@@ -469,8 +475,11 @@ def fork_rngs(
 
     in_place = _in_place_mode(graph, graph_updates)
 
+    decorating = node is _MISSING
+
     def transform(node: Any) -> Any:
-        _check_names([selector for selector, _ in rules], _streams(node, graph), where)
+        if not decorating:
+            _check_names([selector for selector, _ in rules], _streams(node, graph), where)
 
         def plan(path: Path, stream: RngStream) -> Any:
             rule = _first(rules, path, stream)
@@ -586,9 +595,12 @@ def with_rngs(
             key = jnp.broadcast_to(key, (*shape, *key.shape))
         return RngStream(key, tag=value.tag)
 
+    decorating = node is _MISSING
+
     def transform(node: Any) -> Any:
         streams = _streams(node, graph)
-        _check_names(selectors, streams, where)
+        if not decorating:
+            _check_names(selectors, streams, where)
         for path, stream in streams:  # every clash found before any stream draws
             decide(path, stream)
         return pg.recursive_map(new_stream, node, graph=graph)
