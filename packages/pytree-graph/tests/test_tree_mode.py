@@ -9,7 +9,7 @@ from jax.experimental import checkify as ck
 
 import pytree_graph as pg
 from pytree_graph import BatchStat, Carry, Param, StateAxes, Variable
-from pytree_module import Module
+from pytree_module import Dict, Module
 
 TREE = {"graph": False}
 VALUES_ONLY = {"graph": True, "graph_updates": False}
@@ -225,6 +225,21 @@ def test_grad_tree_mode_refuses_a_tied_model_and_values_only_keeps_it():
     grads = pg.grad(loss, **VALUES_ONLY)(Tied())
     assert type(grads) is Tied and grads.decoder is grads.encoder
     assert grads.encoder.value.tolist() == [2.0, 2.0]
+
+
+def test_grad_values_only_refuses_a_variable_shared_by_a_differentiated_argument_and_another():
+    t = Tied()
+    other = Dict(shared=t.encoder)
+    loss = lambda t, o: (t.encoder.value * o.shared.value).sum()  # noqa: E731
+    with pytest.raises(ValueError, match=r"(?s)Inconsistent aliasing.*\.args\[0\]\.decoder: True"):
+        pg.grad(loss, **VALUES_ONLY)(t, other)
+    with pytest.raises(ValueError, match=r"\.kwargs\.o\.shared: False"):
+        pg.grad(loss, **VALUES_ONLY)(t, o=other)
+    assert t.encoder.value.tolist() == [1.0, 1.0]  # nothing written
+    # Both differentiated: the shared Variable is one input, so one (total) gradient, at
+    # both places (as Flax NNX gives).
+    g_t, g_o = pg.grad(loss, argnums=(0, 1), **VALUES_ONLY)(t, other)
+    assert g_t.encoder is g_o.shared and g_t.encoder.value.tolist() == [2.0, 2.0]
 
 
 def test_grad_values_only_of_a_non_module_argument():

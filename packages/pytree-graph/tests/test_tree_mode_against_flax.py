@@ -156,6 +156,15 @@ def test_grad_values_only_keeps_a_tied_model():
     assert results["pg"] == results["nnx"] == ("Tied", True, [2.0, 2.0])
 
 
+def test_grad_values_only_refuses_a_variable_in_a_differentiated_and_another_argument():
+    def snippet(lib, C, Tied, F):
+        t = Tied()
+        return lib.grad(lambda t, w: (t.encoder.value * w.value).sum(), **VALUES_ONLY)(t, t.encoder)
+
+    nnx_error, pg_error = _same_exception(_both(snippet))
+    assert "Inconsistent aliasing" in str(nnx_error) and "Inconsistent aliasing" in str(pg_error)
+
+
 def test_grad_tree_mode_refuses_a_tied_model():
     _same_exception(
         _both(lambda lib, C, Tied, F: lib.grad(lambda t: t.encoder.value.sum(), **TREE)(Tied()))

@@ -28,6 +28,7 @@ from pytree_module.extend import touch
 from pytree_transforms.extend import BindsAsMethod
 
 from ._argument_specs import FilterSpecs
+from ._boundary import holds_graph_nodes
 from ._errors import resolve_argnums
 from ._graphdef import check_writable, merge
 from ._state import State
@@ -499,6 +500,8 @@ def simple_grad(
 
     @functools.wraps(fun)
     def gradient(*args: Any, **kwargs: Any) -> Any:
+        if graph:
+            _refuse_differentiated_aliases(transform, argnums, args, kwargs)
         encoded_args, kwargs, variables = outer_variables(transform, graph, args, kwargs)
         result = transformed(*encoded_args, **kwargs)
         if return_value:
@@ -514,6 +517,26 @@ def simple_grad(
         return (grads, aux) if has_aux else grads
 
     return Wrapped(gradient)
+
+
+def _refuse_differentiated_aliases(transform: str, argnums: Any, args: tuple, kwargs: dict) -> None:
+    """With `graph_updates=False` the arguments keep their sharing, but `jax.grad` gives a
+    Variable one gradient per differentiated argument: one shared between a differentiated
+    argument and another cannot be, as Flax NNX refuses it ("Inconsistent aliasing")."""
+    holders = sum(1 for value in (*args, *kwargs.values()) if holds_graph_nodes(value))
+    if holders < 2:  # the common call, `grad(loss)(model, x, y)`: nothing to compare
+        return
+    positions = {argnums} if isinstance(argnums, int) else set(argnums)
+    differentiated = tuple(i in positions or i - len(args) in positions for i in range(len(args)))
+    try:
+        to_tree({"args": args, "kwargs": kwargs}, prefix={"args": differentiated, "kwargs": False})
+    except ValueError as error:
+        raise ValueError(
+            f"{transform} (graph_updates=False): {error} Here True is a differentiated "
+            "argument (argnums) and False another: a Variable in both would need two "
+            "gradients. Pass it in one argument only, or use graph_updates=True, where "
+            "the tied Variable gets one gradient."
+        ) from None
 
 
 _BATCHED_UPDATE = re.compile(r"out_axes\[1\]\[(\d+)\]\[<flat index (\d+)>\]")
