@@ -131,7 +131,7 @@ def test_in_shardings_lay_out_the_arguments_and_the_variables_written():
     assert model.untouched is untouched and _shard_shapes(untouched.value) == {(8,)}
     step(model, jnp.array(2.0))
     step(model, jnp.array(0.5))
-    assert step._jitted._cache_size() == 2  # the model came in on one device, then split
+    assert step._cache_size() == 2  # the model came in on one device, then split
     np.testing.assert_array_equal(model.w.value, np.arange(32.0).reshape(8, 4) * 2)
 
 

@@ -378,3 +378,25 @@ def test_a_weight_replaced_with_tree_at_is_still_trained():
     optimizer.update(model, grads)
     assert not np.allclose(model.enc.kernel.value, np.eye(2))
     assert model.dec_kernel is model.enc.kernel
+
+
+def test_an_optimizer_step_is_seen_by_the_next_jitted_forward_call():
+    # A graph `jit` called again with the same model reuses the values it read while no
+    # value was written: the optimizer's writes must count as writes.
+    class Scale(Module):
+        def __init__(self):
+            self.w = Param(jnp.array(2.0))
+
+    model = Scale()
+    optimizer = Optimizer(model, optax.sgd(1.0))
+    forward = pg.jit(lambda m, x: m.w.value * x)
+
+    @pg.jit
+    def step(model, optimizer):
+        optimizer.update(model, pg.grad(lambda m: m.w.value * 3.0)(model))
+
+    assert float(forward(model, jnp.array(1.0))) == 2.0
+    step(model, optimizer)
+    assert float(forward(model, jnp.array(1.0))) == -1.0
+    optimizer.update(model, pg.grad(lambda m: m.w.value * 3.0)(model))  # eager, too
+    assert float(forward(model, jnp.array(1.0))) == -4.0

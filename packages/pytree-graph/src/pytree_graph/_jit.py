@@ -27,6 +27,9 @@ from ._static_args import NOT_GIVEN, donated_arguments, static_arguments, with_s
 from ._tree_transforms import SimpleJit
 from ._variables import Variable
 
+# How many structures a graph `jit` keeps a plain-call `jax.jit` for.
+_MAX_STRUCTURES = 64
+
 
 class _GraphJit(BindsAsMethod):
     """The function `jit` returns."""
@@ -95,6 +98,14 @@ class _GraphJit(BindsAsMethod):
 
         # The statics, where there are any, come last: a static argument of `jax.jit`.
         self._jitted = jax.jit(pure, static_argnums=() if static_args is None else 2, **jit_kwargs)
+        # A plain call (no statics, nothing donated) goes to a `jax.jit` of `pure` with the
+        # structure bound, one per structure: JAX then has no static part to hash and
+        # compare on every call (a microsecond a call). The last one used is tried first.
+        self._jit_for_structure = lambda structure: jax.jit(
+            functools.partial(pure, structure), **jit_kwargs
+        )
+        self._by_structure: dict[Any, Any] = {}
+        self._last: tuple[Any, Any] = (None, None)
         self._jitted_donating = jax.jit(
             pure_donating,
             static_argnums=3 if static_args is None else (3, 4),
@@ -116,8 +127,11 @@ class _GraphJit(BindsAsMethod):
             return self._call_with_statics(args, kwargs)
         lifted = lift_cache.find(self._call.tree(args, kwargs))
         if not self._donate:
+            structure, values = lifted.jit_inputs()
+            last = self._last
+            jitted = last[1] if last[0] is structure else self._jit_of(structure)
             try:
-                outcome, values = self._jitted(*lifted.jit_inputs())
+                outcome, values = jitted(values)
             except Exception as error:
                 self._rename_in_error(error, lifted, None)
                 raise
@@ -131,6 +145,24 @@ class _GraphJit(BindsAsMethod):
             self._rename_in_error(error, lifted, inputs[3])
             raise
         return lifted.apply(outcome, values)
+
+    def _cache_size(self) -> int:
+        """How many programs JAX keeps compiled for this function (as `jax.jit`'s)."""
+        jitted = [self._jitted, self._jitted_donating, *self._by_structure.values()]
+        return sum(j._cache_size() for j in jitted)
+
+    def _jit_of(self, structure: GraphDef | Reordered) -> Any:
+        """The `jax.jit` of plain calls of this structure (made on first use)."""
+        jitted = self._by_structure.get(structure)
+        if jitted is None:
+            if len(self._by_structure) >= _MAX_STRUCTURES:
+                # Structures seen long ago: JAX's own cache still holds what they compiled
+                # only as long as their `jax.jit` lives, as the static-argument form would.
+                self._by_structure.pop(next(iter(self._by_structure)), None)
+            jitted = self._jit_for_structure(structure)
+            self._by_structure[structure] = jitted
+        self._last = (structure, jitted)  # one tuple: a thread never sees half of it
+        return jitted
 
     def _call_with_statics(self, args: tuple, kwargs: dict[str, Any]) -> Any:
         """A call of a jit with static arguments: they are passed to `jax.jit` apart."""

@@ -176,18 +176,21 @@ class LiftedCall:
 
     __slots__ = ("_arrays", "_inputs", "_leaves", "_objects", "_plan", "_roots", "_values")
 
-    def __init__(self, plan: LiftPlan, roots: list[Any], arrays: list[Any]):
+    def __init__(
+        self,
+        plan: LiftPlan,
+        roots: list[Any],
+        arrays: list[Any],
+        variable_values: list[Any] | None = None,
+    ):
         self._plan = plan
         self._roots = roots
         self._arrays = arrays
         # The values in the plan's order (written for speed: it runs on every jitted call).
-        inputs = list(map(_first, map(_first, map(_get_variable_flat, plan.variables))))
-        if plan.root_variables:
-            inputs += [roots[n]._pg_flat[0][0] for n in plan.root_variables]
-        if arrays:
-            inputs += arrays
-        if plan.inner_arrays:
-            inputs += plan.inner_arrays
+        # `variable_values`: what `read_variable_values` gave, where the caller kept it.
+        if variable_values is None:
+            variable_values = read_variable_values(plan, roots)
+        inputs = [*variable_values, *arrays, *plan.inner_arrays]
         self._inputs = inputs
         self._values: list[Any] | None = None
         self._leaves: list[Any] | None = None
@@ -296,6 +299,15 @@ class LiftedCall:
                 variable._pg_flat[0][0] = value
         finally:
             wrote_values()
+
+
+def read_variable_values(plan: LiftPlan, roots: list[Any]) -> list[Any]:
+    """The values of the plan's Variables (those below the roots, then the roots'), in the
+    order a `LiftedCall` passes them."""
+    values = list(map(_first, map(_first, map(_get_variable_flat, plan.variables))))
+    if plan.root_variables:
+        values += [roots[n]._pg_flat[0][0] for n in plan.root_variables]
+    return values
 
 
 def lift_walked(walk: GraphWalk, graphdef: GraphDef) -> LiftedCall:

@@ -40,10 +40,11 @@ from pytree_filter import SHAPED_TYPES, path_text
 from pytree_module import Dict, List, Module
 from pytree_module.extend import flat_form, is_pytree_class, mutations
 
-from ._lift import LiftedCall, LiftPlan, lift_once, lift_walked
+from ._array_refs import RefCell
+from ._lift import LiftedCall, LiftPlan, lift_once, lift_walked, read_variable_values
 from ._static import static_key
 from ._traverse import GraphWalk
-from ._variables import Variable
+from ._variables import Variable, value_writes
 
 # Re-walk every cache hit and compare (see the module docstring).
 CHECK_HITS = os.environ.get("PYTREE_GRAPH_CHECK_LIFT_CACHE", "") not in ("", "0")
@@ -95,6 +96,34 @@ def _key(value: Any, roots: list[Any], arrays: list[Any]) -> Any:
     return tuple(parts)
 
 
+def _top_key(tree: Any, roots: list[Any], arrays: list[Any]) -> Any:
+    """`_key` of a call's tree, with the usual call, `(args, {})` with arguments that are
+    objects, arrays and plain values, keyed in one loop (a microsecond less a call)."""
+    if type(tree) is not tuple or len(tree) != 2:
+        return _key(tree, roots, arrays)
+    args, kwargs = tree
+    if type(args) is not tuple or type(kwargs) is not dict or kwargs:
+        return _key(tree, roots, arrays)
+    parts: list[Any] = [_CALL]
+    append = parts.append
+    for item in args:
+        kind = type(item)
+        if kind in _array_types:
+            arrays.append(item)
+            append(_ARRAY)
+        elif isinstance(item, _GRAPH_NODES):
+            roots.append(item)
+            append(None)
+        elif kind in _EXACT_STATIC_TYPES:
+            append((kind, item))
+        else:
+            append(_key(item, roots, arrays))
+    return tuple(parts)
+
+
+_CALL = object()  # marks `_top_key`'s keys: no `_key` starts with it
+
+
 def _key_of_item(value: Any, roots: list[Any], arrays: list[Any]) -> Any:
     kind = type(value)
     if kind in _EXACT_STATIC_TYPES:
@@ -137,6 +166,18 @@ def _check_hit(tree: Any, lifted: LiftedCall) -> None:
             )
     cached = lifted.graphdef
     leaves = lifted.leaves
+    values = lifted.values
+    for path, leaf, value in zip(graphdef.paths, walk.leaves, values, strict=False):
+        if (
+            isinstance(leaf, Variable)
+            and type(leaf._pg_flat[0]) is not RefCell  # its refs are read anew each call
+            and leaf._pg_flat[0][0] is not value
+        ):
+            raise StaleLiftCacheError(
+                f"Stale lift cache hit: the Variable at {path_text(path)} holds another value "
+                "than the one the cache kept. A write changed its value without calling "
+                "`wrote_values()`."
+            )
     if graphdef == cached and all(map(is_, walk.leaves, leaves)):
         return
     # Name the first leaf whose path or object differs (or the whole tree, if none does).
@@ -237,9 +278,11 @@ class CachedWalk:
         "containers",
         "dicts",
         "epoch",
+        "one_sequence",
         "plan",
         "refs",
         "sequences",
+        "values_read",
     )
 
     def __init__(self, walk: GraphWalk, checks: Checks, graphdef: Any):
@@ -258,6 +301,7 @@ class CachedWalk:
         self.container_items = [item for _, _, items in dicts for item in items] + [
             item for _, items in sequences for item in items
         ]
+        self.one_sequence = not self.dicts and len(self.sequences) == 1
         self.epoch = mutations.count
         self.plan = LiftPlan(
             walk,
@@ -269,6 +313,13 @@ class CachedWalk:
             checks.root_objects,
         )
         self.refs: tuple = ()
+        # `(stamp, values)` of the last read of the Variables' values (see `lifted`); None
+        # where array-backed Variables are walked: writes into their refs (inside a
+        # `jax.jit`, say) draw no stamp.
+        array_backed = any(
+            isinstance(leaf, Variable) and type(leaf._pg_flat[0]) is RefCell for leaf in walk.leaves
+        )
+        self.values_read: tuple[int, list[Any]] | None = None if array_backed else (0, [])
 
     def lifted(self, roots: list[Any], arrays: list[Any]) -> LiftedCall | None:
         """The lifted call with these roots and top arrays, or None if anything changed
@@ -277,7 +328,17 @@ class CachedWalk:
             return None
         if not self.unchanged(roots):
             return None
-        return LiftedCall(self.plan, roots, arrays)
+        if self.values_read is None:  # array-backed Variables: their refs are read each call
+            return LiftedCall(self.plan, roots, arrays)
+        # The Variables' values as the last call read them, while no value was written
+        # since (`wrote_values` stamps every write): a model called again and again without
+        # training, as in evaluation or generation, has them read once. The stamp is taken
+        # before reading, so a write during the read makes the next call read again.
+        stamp = value_writes.last
+        held = self.values_read
+        if held[0] != stamp:
+            held = self.values_read = (stamp, read_variable_values(self.plan, roots))
+        return LiftedCall(self.plan, roots, arrays, held[1])
 
     def unchanged(self, roots: list[Any]) -> bool:
         """Whether the objects walked, reached from these roots, are as they were then."""
@@ -292,9 +353,13 @@ class CachedWalk:
     def same_containers(self) -> bool:
         """Whether the plain lists and dicts walked hold what they held then (the same
         sizes, keys and items, by identity)."""
+        if self.one_sequence:  # the usual case: one list of layers
+            (sequence,) = self.sequences
+            items = self.container_items
+            return len(sequence) == len(items) and all(map(is_, sequence, items))
         if list(map(len, self.containers)) != self.container_sizes:
             return False
-        if not self.dicts:  # (the usual case: a list of layers)
+        if not self.dicts:
             return all(map(is_, chain.from_iterable(self.sequences), self.container_items))
         return list(chain.from_iterable(self.dicts)) == self.container_keys and all(
             map(
@@ -353,7 +418,7 @@ class LiftCache:
         roots: list[Any] = []
         arrays: list[Any] = []
         try:
-            key = (_key(tree, roots, arrays), tuple(map(id, roots)))
+            key = (_top_key(tree, roots, arrays), tuple(map(id, roots)))
         except _Uncacheable:
             return lift_once(tree)
         except RecursionError:
