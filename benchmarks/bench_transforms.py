@@ -82,6 +82,7 @@ except ImportError:
 
 DEEP = 32
 SHALLOW = 2
+HUGE = 500  # a very deep model: the per-call cost that grows with the number of leaves
 WIDTH = 32
 BATCH = 8
 ACTIVATION = jax.nn.relu
@@ -90,7 +91,7 @@ NNX_STYLE = "NNX style"
 EQX_STYLE = "Equinox style"
 STYLES = (NNX_STYLE, EQX_STYLE)
 
-FILTER_JIT_TARGET = Target("<= 1.25x jax.jit on a dict", 1.25)
+FILTER_JIT_TARGET = Target("<= 1.1x jax.jit on a dict", 1.1)
 DIRECT_JIT_TARGET = Target("<= 1.2x jax.jit on a dict", 1.2)
 ASYNC_TARGET = "returns before its result is ready"
 # "Well before": a call must return in at most this fraction of the time its result takes.
@@ -462,7 +463,8 @@ def run(settings: Settings, quick: bool, log: Callable[[str], None]) -> Runner:
     xs = jnp.asarray(np.random.default_rng(2).standard_normal((BATCH, WIDTH), dtype=np.float32))
 
     # (1) filter_jit(f)(model, x), each depth and Module style; ratio vs jax.jit on a dict.
-    for models in (deep, shallow):
+    # (A 500-layer model compiles for tens of seconds in each form: left out of a quick run.)
+    for models in (deep, shallow) if quick else (deep, shallow, make_models(HUGE, seed=2)):
         for style in STYLES:
             label = (
                 f"`filter_jit(f)(model, x)` per call, depth {models.depth}, {style} "
@@ -659,8 +661,9 @@ def dispatch_table(rows: list[DispatchRow]) -> str:
 def report(runner: Runner, dispatch: tuple[list[DispatchRow], str], invocation: Invocation) -> str:
     description = (
         f"MLPs of width {WIDTH} (float32) with a callable activation (`jax.nn.relu`), at depth "
-        f"{DEEP} and {SHALLOW}; each form (dict of arrays, pytree_module Module in NNX and in "
-        "Equinox style, equinox.Module) holds the very same arrays. Input `x` of shape "
+        f"{DEEP}, {SHALLOW} and {HUGE} (not in a quick run); each form (dict of arrays, "
+        "pytree_module Module in NNX and in Equinox style, equinox.Module) holds the very "
+        "same arrays. Input `x` of shape "
         f"({WIDTH},); batches `xs` of shape ({BATCH}, {WIDTH})."
     )
     lines = report_head(

@@ -48,6 +48,7 @@ SUBJECTS = {
     "graph": "pytree_graph",
     "nn": "pytree_nn",
     "llama": "pytree_nn (examples/llama.py)",
+    "steps": "training step times (filter_jit, pytree_graph.jit, jit_partial)",
 }
 _FOUND = {p.stem.removeprefix("bench_") for p in HERE.glob("bench_*.py")}
 # In the packages' order (each builds on those before), then any newer benchmark.
