@@ -8,7 +8,9 @@ script then reads the tables and writes:
   pytree's implementation(s), Equinox's and Flax NNX's to the measurement's baseline (plain
   JAX on a dict of arrays where there is one), with the targets met or missed;
 * ``docs/assets/benchmarks/NAME.png``: one bar chart per benchmark of those ratios, and
-  ``summary.png`` with the headline measurements, which the docs' benchmarks page shows.
+  ``summary.png`` with the headline measurements, which the docs' benchmarks page shows;
+* ``docs/assets/benchmarks/scaling-NAME.png``: the log-log curves of ``bench_scaling.py``,
+  time per call against model size, one plot per measurement.
 
 Usage::
 
@@ -34,7 +36,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from _format import format_ratio
+from _format import SIZE_LABEL, format_ratio
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -64,6 +66,10 @@ _PREFIXES = {
 # The measurements of summary.png: the per-call and training figures a user feels most.
 HEADLINE = re.compile(r"per call, depth 32|^training step|^first call|flatten`|^`partition")
 COLOURS = {OURS: "#3f6fb5", EQUINOX: "#d9822b", NNX: "#6a9f58"}
+# The benchmark whose tables are curves over model sizes, drawn as log-log plots besides its
+# bar chart; its ratios at one size repeat those of the headline measurements, so summary.png
+# leaves them out.
+SCALING = "scaling"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,11 +211,19 @@ def summary_markdown(documents: dict[str, dict], found: Sequence[Entry], plots: 
         *missed,
         "<!-- --8<-- [end:missed] -->",
         "",
-        f"Plots: {', '.join(f'`{name}.png`' for name in [*documents, 'summary'])} in "
+        f"Plots: {', '.join(f'`{name}`' for name in plot_names(documents))} in "
         f"`{_shown_path(plots)}`.",
         "",
     ]
     return "\n".join(lines)
+
+
+def plot_names(documents: dict[str, dict]) -> list[str]:
+    """The files `summarize` draws: a bar chart per benchmark, summary.png and the curves."""
+    names = [f"{name}.png" for name in [*documents, "summary"]]
+    if SCALING in documents:
+        names += [curve_plot_name(m) for m in curves(documents[SCALING])]
+    return names
 
 
 def _shown_path(path: Path) -> str:
@@ -265,6 +279,77 @@ def plot(found: Sequence[Entry], title: str, path: Path, with_package: bool = Fa
     figure.savefig(path, dpi=110)
 
 
+def curves(document: dict) -> dict[str, dict[str, dict[str, list[tuple[int, float]]]]]:
+    """The points of the curves in a benchmark's JSON tables: the rows whose measurement is a
+    `_format.size_label`, as measurement -> axis -> implementation -> [(size, us)], by size."""
+    found: dict[str, dict[str, dict[str, list[tuple[int, float]]]]] = {}
+    for table in document["tables"]:
+        for row in table["rows"]:
+            match = SIZE_LABEL.fullmatch(row["measurement"])
+            if match is None or row["time_us"] is None:
+                continue
+            axes = found.setdefault(match["measurement"], {})
+            line = axes.setdefault(match["axis"], {}).setdefault(row["implementation"], [])
+            line.append((int(match["size"]), row["time_us"]))
+    for axes in found.values():
+        for lines in axes.values():
+            for points in lines.values():
+                points.sort()
+    return found
+
+
+def curve_plot_name(measurement: str) -> str:
+    """The file of a measurement's curves: ``scaling-NAME.png``, NAME the operation's name
+    (the last dotted part of the first name in backquotes: `jax.tree.flatten` -> flatten)."""
+    match = re.search(r"`(?:\w+\.)*(\w+)", measurement)
+    name = match[1] if match else re.sub(r"\W+", "-", measurement).strip("-").lower()
+    return f"{SCALING}-{name}.png"
+
+
+def plot_curves(document: dict, plots: Path) -> list[Path]:
+    """One log-log plot per measurement of the curves in ``document``, a panel per axis and a
+    line per implementation (coloured by library; the dict of arrays in black); the files."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    written = []
+    for measurement, axes in curves(document).items():
+        figure = Figure(figsize=(5 * len(axes), 4.2))
+        FigureCanvasAgg(figure)
+        for index, (axis, lines) in enumerate(axes.items()):
+            panel = figure.add_subplot(1, len(axes), index + 1)
+            styles: dict[str | None, int] = {}
+            for implementation, points in lines.items():
+                library = library_of(implementation)
+                style = ("-", "--", ":", "-.")[styles.get(library, 0) % 4]
+                styles[library] = styles.get(library, 0) + 1
+                sizes, times = zip(*points, strict=True)
+                colour = COLOURS.get(library, "black") if library else "black"
+                panel.plot(
+                    sizes,
+                    times,
+                    style,
+                    marker="o",
+                    markersize=3,
+                    color=colour,
+                    label=implementation,
+                )
+            panel.set_xscale("log")
+            panel.set_yscale("log")
+            panel.set_xlabel(axis)
+            panel.set_ylabel("time per call (us, log scale)")
+            panel.set_title(f"by {axis}", fontsize=9)
+            panel.grid(True, which="major", linewidth=0.3)
+            panel.legend(fontsize=6)
+        figure.suptitle(f"{measurement.replace('`', '')}: time by model size", fontsize=10)
+        figure.tight_layout()
+        path = plots / curve_plot_name(measurement)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path, dpi=100)
+        written.append(path)
+    return written
+
+
 def run_benchmark(name: str, results: Path, quick: bool) -> bool:
     """Run bench_NAME.py, writing results/NAME.md and .json; whether it succeeded."""
     command = [sys.executable, str(HERE / f"bench_{name}.py"), "--out", str(results / f"{name}.md")]
@@ -301,7 +386,9 @@ def summarize(results: Path, plots: Path, names: Sequence[str]) -> tuple[str, in
         mine = [e for e in found if e.benchmark == name]
         title = f"{SUBJECTS.get(name, name)} (benchmarks/bench_{name}.py)"
         plot(mine, title, plots / f"{name}.png")
-    headline = [e for e in found if HEADLINE.search(e.measurement)]
+    if SCALING in documents:
+        plot_curves(documents[SCALING], plots)
+    headline = [e for e in found if e.benchmark != SCALING and HEADLINE.search(e.measurement)]
     plot(headline, "Headline measurements", plots / "summary.png", with_package=True)
     misses = sum(1 for e in found for _, _, met, _ in e.targets if not met)
     return summary_table(found), misses

@@ -146,3 +146,72 @@ def test_summarize_only_needs_the_reports(tmp_path):
     result = _run("--summarize-only", "--only", "module", "--results", str(tmp_path))
     assert result.returncode == 1
     assert "module.json is missing: run `hatch run bench:module`" in result.stderr
+
+
+def test_scaling_curves_are_drawn_one_plot_per_measurement(quick_run):
+    out, _ = quick_run
+    for name in ("flatten", "unflatten", "split", "merge", "jit"):
+        path = out / "plots" / f"scaling-{name}.png"
+        assert path.read_bytes().startswith(PNG_SIGNATURE), path
+    summary = (out / "summary.md").read_text()
+    assert "`scaling-jit.png`" in summary
+    report = (out / "scaling.md").read_text()
+    assert "<!-- --8<-- [start:slopes] -->" in report
+    assert "<!-- --8<-- [start:linearity] -->" in report
+
+
+def test_curves_are_read_from_the_size_labels():
+    def row(measurement, implementation, time_us):
+        return {"measurement": measurement, "implementation": implementation, "time_us": time_us}
+
+    document = {
+        "tables": [
+            {
+                "title": "`jax.tree.flatten` by layers",
+                "rows": [
+                    row("`jax.tree.flatten` [layers = 2]", "dict of arrays", 2.0),
+                    row("`jax.tree.flatten` [layers = 1]", "dict of arrays", 1.0),
+                    row("`jax.tree.flatten` [layers = 2]", "Flax NNX", None),
+                ],
+            },
+            {"title": "t", "rows": [row("`jax.tree.flatten`, 2 layers (ratio vs d)", "d", 1.0)]},
+        ]
+    }
+    # Sorted by size; rows without a time, and rows of other tables, are left out.
+    assert run_all.curves(document) == {
+        "`jax.tree.flatten`": {"layers": {"dict of arrays": [(1, 1.0), (2, 2.0)]}}
+    }
+    assert run_all.curve_plot_name("`jax.tree.flatten`") == "scaling-flatten.png"
+    assert run_all.curve_plot_name("`merge(graphdef, state)`") == "scaling-merge.png"
+
+
+def _load_bench_scaling():
+    spec = importlib.util.spec_from_file_location("bench_scaling", BENCHMARKS / "bench_scaling.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("time", "linear"),
+    [
+        (lambda n: 2e-8 * n, True),
+        (lambda n: 5e-6 + 2e-8 * n, True),  # a fixed cost, which flattens the curve
+        (lambda n: 1e-9 * n * n, False),  # quadratic
+        (lambda n: 1e-7 * n**1.3, False),
+    ],
+)
+def test_scaling_linearity_check(time, linear):
+    bench_scaling = _load_bench_scaling()
+    sizes = [2**i for i in range(11)]
+    fit = bench_scaling.linearity({n: time(n) for n in sizes})
+    assert fit.linear is linear, fit
+    if linear:
+        assert fit.slope < 1.01 and fit.worst < 1.01, fit
+    assert bench_scaling.linearity({4: 1.0}) is None
+
+
+def test_scaling_slope_of_a_linear_curve_is_one():
+    fit = _load_bench_scaling().linearity({n: 3e-8 * n for n in (10, 100, 1000, 10_000)})
+    assert fit.slope == pytest.approx(1.0) and fit.worst == pytest.approx(1.0)
