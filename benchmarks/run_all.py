@@ -308,7 +308,8 @@ def curve_plot_name(measurement: str) -> str:
 
 def plot_curves(document: dict, plots: Path) -> list[Path]:
     """One log-log plot per measurement of the curves in ``document``, a panel per axis and a
-    line per implementation (coloured by library; the dict of arrays in black); the files."""
+    line per implementation (coloured by library; the dict of arrays in black), with a line of
+    slope 1 for comparison; the files."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -334,6 +335,18 @@ def plot_curves(document: dict, plots: Path) -> list[Path]:
                     color=colour,
                     label=implementation,
                 )
+            # A line of slope 1 through the top of the first curve: linear growth runs
+            # parallel to it.
+            first = next(iter(lines.values()))
+            (low, _), (high, top) = first[0], first[-1]
+            panel.plot(
+                [low, high],
+                [top * low / high, top],
+                ":",
+                color="grey",
+                linewidth=0.8,
+                label="slope 1 (linear)",
+            )
             panel.set_xscale("log")
             panel.set_yscale("log")
             panel.set_xlabel(axis)
