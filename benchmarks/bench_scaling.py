@@ -270,38 +270,62 @@ def _trivial_function() -> Callable[[Any, jax.Array], jax.Array]:
     return trivial
 
 
-def operation_cases(models: dict[str, Any], count: int) -> dict[str, dict[str, Callable]]:
-    """The zero-argument calls of every measurement at one size, by measurement key."""
-    flat = {name: jax.tree.flatten(model) for name, model in models.items()}
-    for name, (leaves, treedef) in flat.items():
-        assert type(jax.tree.unflatten(treedef, leaves)) is type(models[name]), name
-    cases: dict[str, dict[str, Callable]] = {
-        "flatten": {name: partial(jax.tree.flatten, model) for name, model in models.items()},
-        "unflatten": {name: partial(jax.tree.unflatten, td, lv) for name, (lv, td) in flat.items()},
-        "split": {GRAPH_SPLIT: partial(pytree_graph.split, models[OURS])},
-        "merge": {GRAPH_MERGE: partial(pytree_graph.merge, *pytree_graph.split(models[OURS]))},
-    }
-    if nnx is not None:
-        cases["split"][NNX_SPLIT] = partial(nnx.split, models[NNX])
-        cases["merge"][NNX_MERGE] = partial(nnx.merge, *nnx.split(models[NNX]))
-    for name in (GRAPH_MERGE, NNX_MERGE):
-        if name in cases["merge"]:
-            assert len(jax.tree.leaves(cases["merge"][name]())) == count, name
+Make = Callable[[], Callable[[], Any]]
+"""Builds one case's zero-argument call, checking what it computes, when the case is timed."""
+
+
+def _bound(fun: Callable, *args: Any) -> Callable[[], Any]:
+    """The call ``fun(*args)``, which needs no setup."""
+    return partial(fun, *args)
+
+
+def _unflatten(model: Any) -> Callable[[], Any]:
+    leaves, treedef = jax.tree.flatten(model)
+    assert type(jax.tree.unflatten(treedef, leaves)) is type(model)
+    return partial(jax.tree.unflatten, treedef, leaves)
+
+
+def _merge(split: Callable, merge: Callable, model: Any, count: int) -> Callable[[], Any]:
+    call = partial(merge, *split(model))
+    assert len(jax.tree.leaves(call())) == count
+    return call
+
+
+def _jitted(jit: Callable, model: Any) -> Callable[[], Any]:
+    # A function of its own for every jit of every size: see `_trivial_function`.
     x = jnp.ones(WIDTH, jnp.float32)
-    f = _trivial_function()
-    jits = {
-        DICT_JIT: partial(jax.jit(f), models[DICT], x),
-        GRAPH_JIT: partial(pytree_graph.jit(f), models[OURS], x),
-        FILTER_JIT: partial(pytree_transforms.filter_jit(f), models[OURS_F], x),
+    call = partial(jit(_trivial_function()), model, x)
+    np.testing.assert_array_equal(np.asarray(call()), np.asarray(x) + 1)
+    return call
+
+
+def operation_cases(models: dict[str, Any], count: int) -> dict[str, dict[str, Make]]:
+    """What builds the call of every case at one size, by measurement key and case name.
+
+    A case is built (its setup done and its first call made, compiling it) only where it is
+    timed: a case skipped at a size costs nothing there.
+    """
+    cases: dict[str, dict[str, Make]] = {
+        "flatten": {name: partial(_bound, jax.tree.flatten, m) for name, m in models.items()},
+        "unflatten": {name: partial(_unflatten, model) for name, model in models.items()},
+        "split": {GRAPH_SPLIT: partial(_bound, pytree_graph.split, models[OURS])},
+        "merge": {
+            GRAPH_MERGE: partial(
+                _merge, pytree_graph.split, pytree_graph.merge, models[OURS], count
+            )
+        },
+        "dispatch": {
+            DICT_JIT: partial(_jitted, jax.jit, models[DICT]),
+            GRAPH_JIT: partial(_jitted, pytree_graph.jit, models[OURS]),
+            FILTER_JIT: partial(_jitted, pytree_transforms.filter_jit, models[OURS_F]),
+        },
     }
     if eqx is not None:
-        jits[EQX_JIT] = partial(eqx.filter_jit(f), models[EQX], x)
+        cases["dispatch"][EQX_JIT] = partial(_jitted, eqx.filter_jit, models[EQX])
     if nnx is not None:
-        jits[NNX_JIT] = partial(nnx.jit(f), models[NNX], x)
-    expected = np.asarray(x) + 1
-    for name, call in jits.items():
-        np.testing.assert_array_equal(np.asarray(call()), expected, err_msg=name)
-    cases["dispatch"] = jits
+        cases["split"][NNX_SPLIT] = partial(_bound, nnx.split, models[NNX])
+        cases["merge"][NNX_MERGE] = partial(_merge, nnx.split, nnx.merge, models[NNX], count)
+        cases["dispatch"][NNX_JIT] = partial(_jitted, nnx.jit, models[NNX])
     return cases
 
 
@@ -363,12 +387,13 @@ def measure_axis(
         models = build(size)
         check_models(models, count)
         for key, cases in operation_cases(models, count).items():
-            for name, call in cases.items():
+            for name, make in cases.items():
                 if (key, axis.name, name) in curves.skipped:
                     continue
                 previous = last.get((key, name))
                 guess = None if previous is None else previous[1] * size / previous[0]
-                took = None if guess is not None and guess > limit else _one_call(call)
+                call = None if guess is not None and guess > limit else make()
+                took = None if call is None else _one_call(call)
                 if took is None or took > limit:
                     seconds = guess if took is None else took
                     curves.skipped[(key, axis.name, name)] = (
@@ -378,7 +403,6 @@ def measure_axis(
                     continue
                 last[(key, name)] = (size, took)
                 calls.setdefault(key, {}).setdefault(name, {})[size] = call
-        del models
     for measurement in MEASUREMENTS:
         found = calls.get(measurement.key, {})
         cases = {
