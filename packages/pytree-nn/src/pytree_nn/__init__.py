@@ -69,6 +69,8 @@ from ._rngs import RngState as RngState
 from ._rngs import RngStream as RngStream
 from ._rotary import RotaryPositionalEmbedding as RotaryPositionalEmbedding
 from ._shared import Shared as Shared
+from ._stacked import stack_state as stack_state
+from ._stacked import unstack_state as unstack_state
 from ._stateful import State as State
 from ._stateful import StateIndex as StateIndex
 from ._stateful import make_with_state as make_with_state
