@@ -219,6 +219,31 @@ def test_remat_policy_in_the_scan_gives_the_same_gradients():
     assert "dots_saveable" not in str(pg.make_jaxpr(lambda m: pg.grad(loss)(m))(plain))
 
 
+def test_a_training_step_traces_one_block_whatever_the_depth(monkeypatch):
+    # What keeps the first step's time flat in the depth: the scan traces the block once,
+    # so the program holds one block (in a loop), not one per layer.
+    calls = []
+    call = Block.__call__
+    monkeypatch.setattr(Block, "__call__", lambda self, x: calls.append(1) or call(self, x))
+    x = jnp.ones((2, 4))
+
+    def step(model, optimizer):
+        loss, grads = pg.value_and_grad(lambda m: jnp.sum(m(x) ** 2))(model)
+        optimizer.update(model, grads)
+        return loss
+
+    equations = {}
+    for depth in (2, 9):
+        calls.clear()
+        model = Stacked(0)
+        model.blocks = pg.vmap(Block, transform_metadata=LAYERS)(Rngs(0).split(depth))
+        optimizer = Optimizer(model, optax.adam(1e-2), wrt=Param)
+        jaxpr = pg.make_jaxpr(step)(model, optimizer)
+        assert len(calls) == 1, depth
+        equations[depth] = len(jaxpr.jaxpr.eqns)
+    assert equations[2] == equations[9]
+
+
 # ------------------------------------------------------------------------- errors
 
 

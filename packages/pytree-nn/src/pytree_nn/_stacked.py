@@ -91,6 +91,7 @@ def _key_at(function: str, path: Path, key: str | int) -> int | None:
 
 
 def _check_key(function: str, key: Any) -> None:
+    """Refuse a `key` that is not one path key."""
     if not isinstance(key, str | int) or isinstance(key, bool):
         raise TypeError(
             f"{function}: `key` must be the str (or int) path key of the stacked layers, "
@@ -99,6 +100,7 @@ def _check_key(function: str, key: Any) -> None:
 
 
 def _check_state(function: str, state: Any) -> None:
+    """Refuse a `state` that is not a `pytree_graph.State`."""
     if not isinstance(state, State):
         raise TypeError(
             f"{function}: `state` must be a pytree_graph.State, such as "
@@ -107,6 +109,7 @@ def _check_state(function: str, state: Any) -> None:
 
 
 def _value(leaf: Any) -> Any:
+    """A Variable's value, or the array itself."""
     return leaf.value if _is_variable(leaf) else leaf
 
 
@@ -315,6 +318,7 @@ def _with_axis(leaf: Variable, names: tuple) -> dict[str, Any]:
 
 
 def _describe(leaf: Any) -> str:
+    """What an entry is, for errors: `Param float32[4, 8]`."""
     value = _value(leaf)
     kind = type(leaf).__name__ if _is_variable(leaf) else "an array"
     return f"{kind} {getattr(value, 'dtype', '?')}{list(getattr(value, 'shape', ()))}"
