@@ -6,7 +6,6 @@ from typing import Any, ClassVar, NoReturn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import wadler_lindig
 
 from ._status import register_data_type
 
@@ -116,6 +115,10 @@ class EnumerationMember:
         return f"{self._enumeration.__name__}.{_describe(self._value, self._enumeration)}"
 
     def __pdoc__(self, **kwargs: Any) -> Any:
+        # Called by wadler-lindig, so already imported; a module-level import would cost
+        # every `import pytree_module`.
+        import wadler_lindig
+
         return wadler_lindig.TextDoc(repr(self))
 
     def __reduce__(self) -> tuple[Any, ...]:

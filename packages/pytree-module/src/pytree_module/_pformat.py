@@ -5,13 +5,17 @@ from typing import Any
 
 import jax
 import numpy as np
-import wadler_lindig
+
+# wadler_lindig is imported by the functions that use it, when text is first made: importing
+# it with pytree_module would cost every program, most of which never print a tree.
 
 _ARRAYS = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
 
 
 def _short_array(x: Any) -> Any:
     """`f32[3,4]` for arrays and shape structs, with no library suffix."""
+    import wadler_lindig
+
     if isinstance(x, _ARRAYS):
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
             # PRNG keys have no NumPy dtype: show `key<fry>[2]`.
@@ -35,6 +39,8 @@ def _custom_doc(
     x: Any, short_arrays: bool, struct_as_array: bool, truncate_leaf: Callable[[Any], bool]
 ) -> Any:
     """The document for what wadler-lindig would not show well, or None for its default."""
+    import wadler_lindig
+
     if truncate_leaf(x):
         return wadler_lindig.TextDoc(f"{type(x).__name__}(...)")
     if isinstance(x, _CUSTOM_DERIVATIVES) and isinstance(getattr(x, "__name__", None), str):
@@ -145,6 +151,8 @@ def _formatted(
     truncate_leaf: Callable[[Any], bool],
 ) -> str:
     """`tree_pformat` once its options are known to be right."""
+    import wadler_lindig
+
     return wadler_lindig.pformat(
         tree,
         width=width,
@@ -156,6 +164,8 @@ def _formatted(
 
 def constructor_pdoc(obj: Any, items: list[tuple[str, Any]], **kwargs: Any) -> Any:
     """The wadler-lindig document `ClassName(name=value, ...)` for `obj`'s `__pdoc__`."""
+    import wadler_lindig
+
     return wadler_lindig.bracketed(
         begin=wadler_lindig.TextDoc(f"{type(obj).__name__}("),
         docs=wadler_lindig.named_objs(items, **kwargs),

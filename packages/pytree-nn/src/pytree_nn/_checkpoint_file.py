@@ -12,8 +12,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import safetensors
-import safetensors.numpy
 
 from pytree_filter import Path, path_text
 
@@ -137,6 +135,9 @@ def write_file(path: str, tensors: dict[str, np.ndarray], header: dict[str, str]
             "permissions",
             path,
         ) from None
+    # Imported on first save or load, not with pytree_nn (most programs never checkpoint).
+    import safetensors.numpy
+
     try:
         safetensors.numpy.save_file(tensors, temporary, metadata=header)
         # safetensors creates files readable by their owner only; give the checkpoint the
@@ -167,6 +168,8 @@ class FileReader:
     and `values` to decode the arrays of some of them."""
 
     def __init__(self, path: str):
+        import safetensors
+
         self.path = path
         with open(path, "rb") as file:
             content = file.read()

@@ -1,12 +1,11 @@
 """`Optimizer`: an optax optimizer whose state lives in Variables, updating a model in place."""
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import pytree_graph
 from pytree_filter import Path, is_inexact_array, path_keys, path_text
@@ -15,6 +14,11 @@ from pytree_module import Dict, data, field, static
 from pytree_module import Module as PytreeModule
 
 from ._module import Module
+
+if TYPE_CHECKING:
+    # optax is imported where a step runs, not with pytree_nn: importing it costs as much
+    # as the rest of the package.
+    import optax
 
 
 class OptState(Variable):
@@ -119,7 +123,7 @@ class Optimizer(Module):
     _treedef: Any = field(static=True, repr=False)
     _state_paths: tuple[Path, ...] = field(static=True, repr=False)
 
-    def __init__(self, model: Any, tx: optax.GradientTransformation, wrt: Any = Param):
+    def __init__(self, model: Any, tx: "optax.GradientTransformation", wrt: Any = Param):
         if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
             raise TypeError(
                 f"Optimizer: tx must be an optax GradientTransformation (with `init` and "
@@ -217,6 +221,8 @@ class Optimizer(Module):
         updates, new_state = self.tx.update(
             _values_at(grads_flat, order), opt_state, params, **kwargs
         )
+        import optax
+
         new_params = optax.apply_updates(params, updates)
         new_leaves, new_treedef = jax.tree.flatten(new_state)
         if new_treedef != self._treedef:
@@ -326,7 +332,7 @@ class ModelAndOptimizer(Optimizer):
         (True, 20)
     """
 
-    def __init__(self, model: Any, tx: optax.GradientTransformation, *, wrt: Any = Param):
+    def __init__(self, model: Any, tx: "optax.GradientTransformation", *, wrt: Any = Param):
         super().__init__(model, tx, wrt)
 
     def update(self, grads: Any = _NO_GRADS, /, *rest: Any, **kwargs: Any) -> None:  # type: ignore[override]

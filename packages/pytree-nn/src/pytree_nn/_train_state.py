@@ -1,16 +1,19 @@
 """`TrainState`: an immutable training state (graph definition, parameters, optax state, step)."""
 
 import dataclasses
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from pytree_filter import path_text
 from pytree_graph import GraphDef, State
 from pytree_module import Module as PytreeModule
 from pytree_module import field
+
+if TYPE_CHECKING:
+    # optax is imported where a step runs, not with pytree_nn (see `_optimizer`).
+    import optax
 
 
 class TrainState(PytreeModule, frozen=True):
@@ -54,7 +57,7 @@ class TrainState(PytreeModule, frozen=True):
     params: State
     opt_state: Any
     step: jax.Array
-    tx: optax.GradientTransformation = field(static=True)
+    tx: "optax.GradientTransformation" = field(static=True)
 
     @classmethod
     def create(
@@ -62,7 +65,7 @@ class TrainState(PytreeModule, frozen=True):
         graphdef: GraphDef,
         *,
         params: State,
-        tx: optax.GradientTransformation,
+        tx: "optax.GradientTransformation",
         step: int = 0,
         **kwargs: Any,
     ) -> Self:
@@ -155,6 +158,8 @@ class TrainState(PytreeModule, frozen=True):
                 "`state.params` (`jax.grad(loss_fn)(state.params)`)."
             )
         updates, opt_state = self.tx.update(grads, self.opt_state, self.params)
+        import optax
+
         params = optax.apply_updates(self.params, updates)
         return self.replace(params=params, opt_state=opt_state, step=self.step + 1, **kwargs)
 
