@@ -52,6 +52,7 @@ SUBJECTS = {
     "llama": "pytree_nn (examples/llama.py)",
     "steps": "training step times (filter_jit, pytree_graph.jit, jit_partial)",
     "deep": "pytree_nn (deep stacks, scan over layers)",
+    "import": "import time",
 }
 _FOUND = {p.stem.removeprefix("bench_") for p in HERE.glob("bench_*.py")}
 # In the packages' order (each builds on those before), then any newer benchmark.
