@@ -18,6 +18,7 @@ from ._attention import combine_masks as combine_masks
 from ._attention import dot_product_attention as dot_product_attention
 from ._attention import make_attention_mask as make_attention_mask
 from ._attention import make_causal_mask as make_causal_mask
+from ._build import build as build
 from ._capture import capture as capture
 from ._checkpoint import SaveHandle as SaveHandle
 from ._checkpoint import checkpoint_steps as checkpoint_steps

@@ -13,10 +13,15 @@ transform bits element by element: drawing flat and reshaping gives the same arr
 bit. `flat_when_eager(key)` gives a key whose impl does exactly that, for an initializer to
 draw from. Under a trace the key is returned as it is: in a compiled program (e.g.
 `pytree_graph.create_sharded`) a draw in its own shape lets XLA generate each shard where it
-lives, which a flat draw would not.
+lives, which a flat draw would not. `drawing_flat()` makes traced keys draw flat too, for a
+compiled program that builds a model on one device (`build`), where the same cost would be
+paid by compiling the program.
 """
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 
 import jax
 import jax.extend.random as jax_random
@@ -41,15 +46,30 @@ FLAT_THREEFRY = jax_random.define_prng_impl(
 )
 
 
+_FLAT_WHEN_TRACED = contextvars.ContextVar("pytree_nn_flat_when_traced", default=False)
+
+
+@contextlib.contextmanager
+def drawing_flat() -> Iterator[None]:
+    """Within: traced threefry keys draw flat as well (read while a program is traced)."""
+    token = _FLAT_WHEN_TRACED.set(True)
+    try:
+        yield
+    finally:
+        _FLAT_WHEN_TRACED.reset(token)
+
+
 def flat_when_eager(key: jax.Array) -> jax.Array:
-    """`key`, drawing flat (so compiling fast) when it is a concrete threefry key.
+    """`key`, drawing flat (so compiling fast) when it is a concrete threefry key, or a
+    traced one within `drawing_flat()`.
 
     Every draw from the returned key equals the draw from `key`, bit for bit. Keys of other
-    impls (`rbg`, custom ones), raw `uint32` keys and traced keys are returned unchanged.
+    impls (`rbg`, custom ones), raw `uint32` keys and other traced keys are returned
+    unchanged.
     """
-    if isinstance(key, jax.core.Tracer) or not jax.dtypes.issubdtype(
-        key.dtype, jax.dtypes.prng_key
-    ):
+    if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return key
+    if isinstance(key, jax.core.Tracer) and not _FLAT_WHEN_TRACED.get():
         return key
     if str(jax.random.key_impl(key)) != _THREEFRY.name:
         return key
