@@ -20,8 +20,8 @@ def build(make: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
 
     The first call compiles the whole construction as one program, which on CPU takes longer
     than building eagerly (XLA compiles each random draw of the program anew); every later
-    build of the same model, and every build where the compiled program comes from JAX's
-    persistent compilation cache, runs in a fraction of the eager time.
+    build of the same model in the process runs the kept program, in a fraction of the eager
+    time.
 
     The model is the one `make` would build eagerly: the same values for the same seed (the
     same random bits; XLA may round their turning into floats differently in the last bit),
