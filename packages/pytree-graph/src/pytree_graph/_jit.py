@@ -10,7 +10,7 @@ from jax.sharding import PartitionSpec, Sharding
 
 from pytree_module import Module
 from pytree_module.extend import flat_form, is_pytree_class
-from pytree_transforms.extend import BindsAsMethod
+from pytree_transforms.extend import BindsAsMethod, TraceHistory
 
 from ._aliases import check_one_spec, lift_recording_aliases
 from ._argument_specs import NO_ENTRY, PerArgumentSpecs, SpecTable, leaves_of
@@ -23,6 +23,7 @@ from ._initialise import Initialiser, initialising, without_self
 from ._lift import LiftedCall, Reordered
 from ._lift_cache import lift_cache
 from ._outcome import NOTHING_CHANGED, Outcome, ValuesChanged
+from ._retrace_signature import graph_signature, static_signature
 from ._static_args import NOT_GIVEN, donated_arguments, static_arguments, with_static_entries
 from ._tree_transforms import SimpleJit
 from ._variables import Variable
@@ -62,13 +63,24 @@ class _GraphJit(BindsAsMethod):
             else _Shardings(call, in_shardings, out_shardings)
         )
 
+        # The traces of this function, to say why one more was needed (recorded by each
+        # trace, never by a cached call).
+        history = TraceHistory("pytree_graph.jit", fun)
+
         def run(inside: Inside, statics: tuple | None) -> Any:
-            if statics is None:
-                return call.run(inside.tree)
-            # The static arguments go back where the lifted tree holds `None` for them.
-            static_args.check(statics)  # once per trace: a Module given static is refused
-            *fun_part, args, kwargs = inside.tree
-            return call.run((*fun_part, *static_args.insert(args, kwargs, statics)))
+            signature = graph_signature(
+                inside.graphdef,
+                inside.values,
+                call.lift_fun,
+                static_signature(static_args, statics),
+            )
+            with history.record(signature):
+                if statics is None:
+                    return call.run(inside.tree)
+                # The static arguments go back where the lifted tree holds `None` for them.
+                static_args.check(statics)  # once per trace: a Module given static is refused
+                *fun_part, args, kwargs = inside.tree
+                return call.run((*fun_part, *static_args.insert(args, kwargs, statics)))
 
         def pure(graphdef: GraphDef | Reordered, values: list[Any], statics: Any = None) -> Any:
             if layout is None:

@@ -46,7 +46,7 @@ import jax
 from pytree_filter import SHAPED_TYPES
 from pytree_module import Module
 from pytree_module.extend import current_trace_token, mutations
-from pytree_transforms.extend import BindsAsMethod
+from pytree_transforms.extend import BindsAsMethod, TraceHistory
 
 from ._boundary import Call, Inside
 from ._error_names import rename_in_error
@@ -66,6 +66,7 @@ from ._jit import (
 from ._lift import LiftedCall, LiftPlan, Reordered
 from ._lift_cache import CHECK_HITS, CachedWalk, Checks, _check_hit
 from ._outcome import Outcome, ValuesChanged
+from ._retrace_signature import graph_signature
 from ._static import Static
 from ._static_args import (
     NOT_GIVEN,
@@ -498,6 +499,10 @@ class JitPartial(BindsAsMethod):
             sorted(4 + d - num_bound for d in self._donate if d >= num_bound)
         )
 
+        # The traces of this function, to say why one more was needed (recorded by each
+        # trace, never by a cached call).
+        history = TraceHistory("pytree_graph.jit_partial", fun)
+
         def pure(
             layout: _Layout, donated: list, kept: list, statics: Any, *args: Any, **kwargs: Any
         ) -> Any:
@@ -510,11 +515,17 @@ class JitPartial(BindsAsMethod):
                 args, kwargs = statics.rebuild(args, kwargs)
             if step_shardings is not None:
                 args = _lay_out_step(step_shardings, args, num_bound)
+            signature = graph_signature(inside.graphdef, inside.values, call.lift_fun)
+            for i, arg in enumerate(args):
+                signature.pytree(f"args[{num_bound + i}]", arg)
+            for name, value in kwargs.items():
+                signature.pytree(f"kwargs[{name!r}]", value)
             tree = inside.tree
-            if call.lift_fun:
-                out = tree[0](*tree[1], *args, **kwargs)
-            else:
-                out = call.fun(*tree[0], *args, **kwargs)
+            with history.record(signature):
+                if call.lift_fun:
+                    out = tree[0](*tree[1], *args, **kwargs)
+                else:
+                    out = call.fun(*tree[0], *args, **kwargs)
             outcome, values = inside.finish(out)
             outcome, values = return_donated(inside, outcome, values, layout.donated_positions)
             if shardings is not None:

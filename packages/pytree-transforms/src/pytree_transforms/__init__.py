@@ -30,6 +30,8 @@ from ._progress import AbstractProgressMeter as AbstractProgressMeter
 from ._progress import NoProgressMeter as NoProgressMeter
 from ._progress import TextProgressMeter as TextProgressMeter
 from ._progress import TqdmProgressMeter as TqdmProgressMeter
+from ._retraces import explain_retraces as explain_retraces
+from ._retraces import explaining_retraces as explaining_retraces
 from ._scan import scan as scan
 from ._shapes import filter_eval_shape as filter_eval_shape
 from ._shapes import filter_make_jaxpr as filter_make_jaxpr

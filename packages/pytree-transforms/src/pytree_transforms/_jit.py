@@ -33,6 +33,7 @@ from ._jit_plan import Plan
 from ._jit_stages import Lowered
 from ._method import BindsAsMethod, is_pytree_leaf, method_as_pytree
 from ._outputs import PackedOutput, pack_output, unpack_output
+from ._retraces import Signature, TraceHistory
 from ._sharing import Sharing, find_sharing, has_repeats, selected_once
 from ._static_key import KeyedStatics
 from ._wrapper_cache import WrapperCache
@@ -119,7 +120,7 @@ def filter_jit(
     def compilations() -> _Compilations:
         fn_spec = default if fn is None else fn
         specs = ArgumentSpecs("filter_jit", function, default, fn_spec, args, kwargs)
-        return _Compilations(specs)
+        return _Compilations(specs, TraceHistory("filter_jit", fun))
 
     # Keyword arguments have no order: `filter_jit(f, a=1, b=2)` is `filter_jit(f, b=2, a=1)`.
     options_key = (options, sorted(jitkwargs.items()))
@@ -358,6 +359,7 @@ class JitWrapper(BindsAsMethod):
         # What `traced` holds lives as long as the plan, which wrappers of other instances
         # share: a callable pytree comes in with the call, so only a plain function is held.
         the_function = self._fun if self._fun_in_call is _THE_FUNCTION else None
+        history = self._compilations.history
 
         def traced(static_arg: Any, *dynamic: tuple[Any, ...]) -> Any:
             if donating:
@@ -367,9 +369,11 @@ class JitWrapper(BindsAsMethod):
                 (leaves,) = dynamic
             fun, args, kwargs = plan.treedef.unflatten(plan.merge(leaves, plan.statics(static_arg)))
             inputs = record_inputs(fun, args, kwargs)
+            tracing = history.record(_signature(fun, args, kwargs))
             if fun is _THE_FUNCTION:
                 fun = the_function
-            result = fun(*args, **kwargs)
+            with tracing:
+                result = fun(*args, **kwargs)
             check_input_writes(inputs, result, "filter_jit", fun)
             return pack_output(result, out, "filter_jit")
 
@@ -405,12 +409,27 @@ class _Compilations:
     its `jax.jit`) and the latest plan used. It holds no callable pytree, so keeping it
     (in `_WRAPPERS`) keeps no instance's arrays alive."""
 
-    __slots__ = ("__weakref__", "latest", "plans", "specs")
+    __slots__ = ("__weakref__", "history", "latest", "plans", "specs")
 
-    def __init__(self, specs: ArgumentSpecs):
+    def __init__(self, specs: ArgumentSpecs, history: TraceHistory):
         self.specs = specs
+        # The traces of these compilations, to say why one more was needed (`_retraces`).
+        self.history = history
         self.plans: dict[PyTreeDef | Sharing, list[Plan]] = {}
         self.latest: Plan | None = None
+
+
+def _signature(fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Signature:
+    """What a trace of `filter_jit` depends on, by argument path (see `_retraces`): the
+    leaves of the call as the traced function gets them, tracers and statics."""
+    signature = Signature()
+    if fun is not _THE_FUNCTION:
+        signature.pytree("fun", fun)
+    for i, arg in enumerate(args):
+        signature.pytree(f"args[{i}]", arg)
+    for name, value in kwargs.items():
+        signature.pytree(f"kwargs[{name!r}]", value)
+    return signature
 
 
 class _Structure:

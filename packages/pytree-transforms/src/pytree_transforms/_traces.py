@@ -12,6 +12,7 @@ from typing import Any
 import jax
 
 from ._method import BindsAsMethod
+from ._retraces import current_retrace
 
 
 class _Count:
@@ -45,7 +46,7 @@ class _AssertMaxTraces(BindsAsMethod):
             self.count.value += 1
             traces = self.count.value
         if self.max_traces is not None and traces > self.max_traces:
-            raise RuntimeError(
+            message = (
                 f"{_name(self.fn)} may be traced at most {self.max_traces} time(s) "
                 f"(assert_max_traces), and this is trace {traces}. A jitted function is "
                 "traced again when an array argument changes shape or dtype, when a "
@@ -53,6 +54,11 @@ class _AssertMaxTraces(BindsAsMethod):
                 "anew with different options. Pass values that vary as arrays, keep shapes "
                 "fixed, or raise `max_traces` if the traces are expected."
             )
+            # The jit tracing this call says what changed since its closest earlier trace.
+            retrace = current_retrace()
+            if retrace is not None:
+                message += "\nWhat changed:\n" + retrace.message()
+            raise RuntimeError(message)
         return self.fn(*args, **kwargs)
 
     def tree_flatten(self) -> tuple[tuple[Any], tuple[Any, ...]]:

@@ -7,8 +7,13 @@ release may add to it, and only a major release may change or remove a name (see
 
 - `BindsAsMethod`: the base class of transform wrappers, so that a transformed function
   stored as a class attribute binds like a method (`model.step(x)` passes `model`).
+- `Signature` and `TraceHistory`: how a jit explains its retraces (see `explain_retraces`).
+  A transform keeps one `TraceHistory` per function it wraps and, inside the function it
+  hands to `jax.jit` (so at trace time only), describes the call as a `Signature` by
+  argument path and runs the user's function inside `history.record(signature)`.
 """
 
 from ._method import BindsAsMethod
+from ._retraces import Signature, TraceHistory
 
-__all__ = ["BindsAsMethod"]
+__all__ = ["BindsAsMethod", "Signature", "TraceHistory"]
