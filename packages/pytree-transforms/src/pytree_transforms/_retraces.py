@@ -164,8 +164,11 @@ class Signature:
         >>> from pytree_transforms.extend import Signature
         >>> signature = Signature()
         >>> signature.pytree("args[0]", {"w": jnp.ones(2), "name": "a"})
-        >>> [f"{path}: {text}" for path, text in signature.described()]
-        ["args[0]: dict", "args[0]['name']: 'a'", "args[0]['w']: f32[2]"]
+        >>> for path, text in signature.described():
+        ...     print(f"{path}: {text}")
+        args[0]: dict
+        args[0]['name']: 'a'
+        args[0]['w']: f32[2]
     """
 
     __slots__ = ("entries", "seen")
@@ -397,10 +400,19 @@ def _same(old: _Entry | None, new: _Entry) -> bool:
     return old is not None and old.kind == new.kind and old.key == new.key
 
 
+def _distance(old: _Entry | None, new: _Entry) -> int:
+    if _same(old, new):
+        return 0
+    if old is None or old.kind != "array" or new.kind != "array":
+        return 1
+    # Shape, dtype, weak type, Variable type: each one that differs counts.
+    return sum(a != b for a, b in zip(old.key, new.key, strict=True))
+
+
 def _count(old: Signature, new: Signature) -> int:
-    # A quick count for choosing the closest earlier trace: entries that differ.
+    """How far apart two signatures are, for choosing the closest earlier trace."""
     a, b = old.entries, new.entries
-    return sum(1 for p, e in b.items() if not _same(a.get(p), e)) + sum(1 for p in a if p not in b)
+    return sum(_distance(a.get(p), e) for p, e in b.items()) + sum(1 for p in a if p not in b)
 
 
 class Retrace:
@@ -464,14 +476,14 @@ class TraceHistory:
         >>> with history.record(signature(jnp.ones(2))):
         ...     pass
         >>> with history.record(signature(jnp.ones(3))) as retrace:
-        ...     retrace.lines()
-        ['my_jit(abs): retraced (trace 2): args[0]: shape (2,) -> (3,) (every new shape traces again: pad or bucket inputs to a few fixed shapes)']
+        ...     print(retrace.message())
+        my_jit(abs): retraced (trace 2): args[0]: shape (2,) -> (3,) (every new shape ...)
     """
 
     __slots__ = ("__weakref__", "count", "lock", "signatures", "title")
 
     def __init__(self, transform: str, fun: Any):
-        name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None)
+        name = getattr(fun, "__name__", None)
         self.title = f"{transform}({name or type(fun).__name__})"
         self.count = 0
         self.signatures: deque[Signature] = deque(maxlen=_KEPT)
