@@ -73,9 +73,7 @@ def test_array_shape_names_path_and_hint(caplog):
 
 def test_dtype(caplog):
     f = jitted()
-    message = one_message(
-        caplog, lambda: f(jnp.ones(2)), lambda: f(jnp.ones(2, dtype=jnp.float16))
-    )
+    message = one_message(caplog, lambda: f(jnp.ones(2)), lambda: f(jnp.ones(2, dtype=jnp.float16)))
     assert "args[0]: dtype float32 -> float16" in message
     assert "astype" in message
 
@@ -83,9 +81,7 @@ def test_dtype(caplog):
 def test_weak_type(caplog):
     # A Python float traced as an array is weakly typed; an array of a given dtype is not.
     f = jitted(args=(True,))
-    message = one_message(
-        caplog, lambda: f(1.0), lambda: f(jnp.asarray(1.0, dtype=jnp.float32))
-    )
+    message = one_message(caplog, lambda: f(1.0), lambda: f(jnp.asarray(1.0, dtype=jnp.float32)))
     assert "args[0]: weak type True -> False" in message
     assert "jnp.asarray(x, dtype=...)" in message
 
@@ -155,7 +151,9 @@ def test_module_class(caplog):
     message = one_message(
         caplog, lambda: f(Linear(jnp.ones(2), 0.1)), lambda: f(Conv(jnp.ones(2), 0.1))
     )
-    assert message.splitlines() == ["filter_jit(loss): retraced (trace 2): args[0]: class Linear -> Conv"]
+    assert message.splitlines() == [
+        "filter_jit(loss): retraced (trace 2): args[0]: class Linear -> Conv"
+    ]
 
 
 def test_keyword_argument_added(caplog):
@@ -171,8 +169,9 @@ def test_compared_with_the_closest_earlier_trace(caplog):
         [lambda: f(jnp.ones(2)), lambda: f(jnp.ones(3)), lambda: f(jnp.ones(2, jnp.int32))],
     )
     # The third differs from the first in dtype only, from the second in shape and dtype.
-    assert messages[1].endswith("args[0]: dtype float32 -> int32 (cast to one dtype before the "
-                                "call, with `x.astype(...)`)")
+    assert messages[1].endswith(
+        "args[0]: dtype float32 -> int32 (cast to one dtype before the call, with `x.astype(...)`)"
+    )
     assert "trace 3" in messages[1]
 
 
@@ -224,7 +223,9 @@ def test_nothing_logged_on_first_trace_or_cache_hit(caplog):
 
 def test_same_arguments_after_clearing_jax_caches(caplog):
     f = jitted()
-    message = one_message(caplog, lambda: f(jnp.ones(2)), lambda: (jax.clear_caches(), f(jnp.ones(2))))
+    message = one_message(
+        caplog, lambda: f(jnp.ones(2)), lambda: (jax.clear_caches(), f(jnp.ones(2)))
+    )
     assert "no argument changed" in message
     assert "jax.clear_caches()" in message
 
