@@ -444,8 +444,9 @@ def jit(
 
     The compiled function is reused while the arguments keep their structure (classes,
     static attributes, Variable types and metadata, shapes and dtypes of arrays): new
-    values do not retrace, a new structure does. Arguments that are not arrays, Modules
-    or Variables are static, as with `filter_jit`. Mutating an object the function closes
+    values do not retrace, a new structure does (`pytree_transforms.explain_retraces()`
+    logs what changed on each retrace, by argument path). Arguments that are not arrays,
+    Modules or Variables are static, as with `filter_jit`. Mutating an object the function closes
     over (instead of taking it as an argument) raises `TraceContextError`.
 
     `static_argnums` and `static_argnames` make whole arguments static as `jax.jit` does:

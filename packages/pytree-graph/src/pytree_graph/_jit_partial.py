@@ -793,7 +793,8 @@ def jit_partial(
     makes the next call walk the objects again (and compile again if their structure
     is new). Shared Variables (tied weights, a model held by its optimizer) are passed
     once. Results, and writes back, are those of `pytree_graph.jit(fun)` called with all
-    the arguments.
+    the arguments. With `pytree_transforms.explain_retraces()` on, each compilation after
+    the first logs what changed, by argument path, the bound ones first.
 
     Arguments:
         fun: the function, taking the bound arguments first.

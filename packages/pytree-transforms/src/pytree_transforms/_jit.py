@@ -57,7 +57,8 @@ def filter_jit(
 
     Every array leaf of the arguments (and of `fun` itself, which may be a Module, a bound
     method or any callable pytree) is traced; every other leaf is held static, so it must be
-    hashable, and a change in it retraces. Non-array outputs (strings, functions, Modules'
+    hashable, and a change in it retraces (`explain_retraces()` logs what changed on each
+    retrace, by argument path). Non-array outputs (strings, functions, Modules'
     static parts) are returned as they are. Calls never block: they return as soon as the
     computation is dispatched, like `jax.jit`.
 

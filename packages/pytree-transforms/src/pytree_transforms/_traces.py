@@ -89,7 +89,10 @@ def assert_max_traces(fn: Callable[..., Any] | None = None, *, max_traces: int |
         `fn` wrapped to count its traces.
 
     Raises:
-        RuntimeError: from the wrapper, on the trace after the `max_traces`-th.
+        RuntimeError: from the wrapper, on the trace after the `max_traces`-th. Under
+            `filter_jit`, `pytree_graph.jit` or `jit_partial` its message ends with what
+            changed since the closest earlier trace of that jit, by argument path (as
+            `explain_retraces` logs it).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -106,6 +109,8 @@ def assert_max_traces(fn: Callable[..., Any] | None = None, *, max_traces: int |
         Traceback (most recent call last):
         ...
         RuntimeError: ...double may be traced at most 1 time(s) ...
+        What changed:
+        filter_jit(double): retraced (trace 2): args[0]: shape (2,) -> (3,) ...
     """
     if fn is None:
         return functools.partial(assert_max_traces, max_traces=max_traces)
