@@ -86,6 +86,16 @@ def test_weak_type(caplog):
     assert "jnp.asarray(x, dtype=...)" in message
 
 
+def test_prng_keys(caplog):
+    f = jitted()
+    message = one_message(
+        caplog,
+        lambda: f(jax.random.key(0)),
+        lambda: f(jax.random.split(jax.random.key(0))),
+    )
+    assert "args[0]: shape () -> (2,)" in message
+
+
 def test_static_float_field_and_string(caplog):
     f = jitted()
     message = one_message(

@@ -19,7 +19,7 @@ import re
 import threading
 from collections import deque
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import numpy as np
@@ -122,21 +122,35 @@ def explaining_retraces() -> bool:
     return _switch.on
 
 
-class _Entry(NamedTuple):
+class _Entry:
     """What one path of a call holds, as far as a trace depends on it."""
 
-    kind: str  # "array", "static", "node" or "shared"
-    key: Any  # compared between traces
-    text: str  # a short description, for an entry added or removed
-    detail: Any = None  # array: (shape, dtype, weak_type); static: the value
-    holder: Any = None  # array: the Variable type holding it, if any
+    __slots__ = ("_text", "detail", "holder", "key", "kind")
+
+    def __init__(
+        self, kind: str, key: Any, text: str | None, detail: Any = None, holder: Any = None
+    ):
+        self.kind = kind  # "array", "static", "node" or "shared"
+        self.key = key  # compared between traces
+        # A short description, for an entry added or removed; a static's is made from its
+        # value only when a message needs it (a repr can be long to make).
+        self._text = text
+        self.detail = detail  # array: (shape, dtype, weak_type); static: the value
+        self.holder = holder  # array: the Variable type holding it; static: declared
+
+    @property
+    def text(self) -> str:
+        return _short(self.detail) if self._text is None else self._text
 
 
 _DTYPE = re.compile(r"^(float|int|uint|complex|bfloat)(\d+)$")
 
 
 def _dtype_text(dtype: Any) -> str:
-    name = np.dtype(dtype).name
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:  # an extended dtype (a PRNG key's `key<fry>`) is named as it prints
+        return str(dtype)
     match = _DTYPE.match(name)
     if match is None:
         return name
@@ -215,7 +229,7 @@ class Signature:
             hash(key)
         except Exception:  # an unhashable static is refused elsewhere, with its own error
             key = ("unhashable", id(value))
-        self._add(path, _Entry("static", key, _short(value), value, declared))
+        self._add(path, _Entry("static", key, None, value, declared))
 
     def node(self, path: tuple, text: str, key: Any = None) -> None:
         """A node of the structure at `path`: a Module, a container (`text` names it, and
