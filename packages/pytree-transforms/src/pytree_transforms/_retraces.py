@@ -62,14 +62,11 @@ class explain_retraces:
     first trace of a function logs nothing, and neither does a call that reuses a
     compilation. `PYTREE_EXPLAIN_RETRACES=1` in the environment turns it on at import.
 
-    Calling it sets the switch at once; used as a context manager, the setting it replaced
-    comes back on exit (so these nest).
+    Calling it sets the switch at once and gives a context manager: used in a `with`
+    block, the setting it replaced comes back when the block ends (so these nest).
 
     Arguments:
         enabled: `True` (the default) to explain retraces, `False` to stop.
-
-    Returns:
-        A context manager, which restores the earlier setting when its block ends.
 
     Raises:
         TypeError: when `enabled` is not a bool.
