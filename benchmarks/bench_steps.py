@@ -49,8 +49,10 @@ from _cases import mlp_arrays
 from _report import Invocation, log, record_table, run_script, section, target_lines
 from _timing import Row, dist_version, markdown_table
 
-# The models of bench_graph (a `Linear` of two Params; NNX's equivalent) and its plain one.
+# The models of bench_graph (a `Linear` of two Params; NNX's equivalent) and its plain one,
+# and bench_jit_partial's step on a dict (the same adam step, written with jax and optax).
 from bench_graph import MLP, ArrayLinear, Linear, nnx
+from bench_jit_partial import LR, Models, OnDict, make_dict_step
 
 import pytree_graph
 import pytree_module
@@ -67,7 +69,6 @@ except ImportError:
 
 DEPTH = 3
 WIDTH = 32
-LR = 1e-3
 STEPS = 10_000
 QUICK_STEPS = 300
 WARMUP = 100  # steps of each form left out (the first compiles)
@@ -88,36 +89,10 @@ def _loss(m: Any, x: jax.Array) -> jax.Array:
     return jnp.sum(m(x) ** 2)
 
 
-def _keys(depth: int) -> list[tuple[str, str]]:
-    return [(f"layers_{i}_w", f"layers_{i}_b") for i in range(depth)]
-
-
 def dict_form(pairs: list[tuple[jax.Array, jax.Array]], x: jax.Array) -> Callable[[], Any]:
-    keys = _keys(len(pairs))
-    tx = optax.adam(LR)
-    params = {
-        k: a for (kw, kb), (w, b) in zip(keys, pairs, strict=True) for k, a in ((kw, w), (kb, b))
-    }
-
-    def forward(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
-        for kw, kb in keys[:-1]:
-            x = jax.nn.relu(x @ p[kw] + p[kb])
-        kw, kb = keys[-1]
-        return x @ p[kw] + p[kb]
-
-    @jax.jit
-    def step(p: dict[str, jax.Array], opt_state: Any, x: jax.Array) -> Any:
-        loss, grads = jax.value_and_grad(lambda p: jnp.sum(forward(p, x) ** 2))(p)
-        updates, opt_state = tx.update(grads, opt_state, p)
-        return optax.apply_updates(p, updates), opt_state, loss
-
-    state = [params, tx.init(params)]
-
-    def run() -> Any:
-        state[0], state[1], loss = step(state[0], state[1], x)
-        return loss
-
-    return run
+    """bench_jit_partial's step on a dict of the arrays, rebound by the caller each step."""
+    params = Models(pairs).params()
+    return OnDict(make_dict_step(len(pairs)), params, optax.adam(LR).init(params), x)
 
 
 def functional_form(

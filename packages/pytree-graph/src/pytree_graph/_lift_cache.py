@@ -78,6 +78,11 @@ def _key(value: Any, roots: list[Any], arrays: list[Any]) -> Any:
         items = value
     else:
         return _key_of_item(value, roots, arrays)
+    return _key_of_items(parts, items, roots, arrays)
+
+
+def _key_of_items(parts: list[Any], items: Any, roots: list[Any], arrays: list[Any]) -> Any:
+    """`parts` (the container's own) followed by the key of each item, as a tuple."""
     append = parts.append
     for item in items:
         kind = type(item)
@@ -97,28 +102,14 @@ def _key(value: Any, roots: list[Any], arrays: list[Any]) -> Any:
 
 
 def _top_key(tree: Any, roots: list[Any], arrays: list[Any]) -> Any:
-    """`_key` of a call's tree, with the usual call, `(args, {})` with arguments that are
-    objects, arrays and plain values, keyed in one loop (a microsecond less a call)."""
+    """`_key` of a call's tree, with the usual call, `(args, {})`, keyed without going
+    through the outer tuple and the empty dict (a microsecond less a call)."""
     if type(tree) is not tuple or len(tree) != 2:
         return _key(tree, roots, arrays)
     args, kwargs = tree
     if type(args) is not tuple or type(kwargs) is not dict or kwargs:
         return _key(tree, roots, arrays)
-    parts: list[Any] = [_CALL]
-    append = parts.append
-    for item in args:
-        kind = type(item)
-        if kind in _array_types:
-            arrays.append(item)
-            append(_ARRAY)
-        elif isinstance(item, _GRAPH_NODES):
-            roots.append(item)
-            append(None)
-        elif kind in _EXACT_STATIC_TYPES:
-            append((kind, item))
-        else:
-            append(_key(item, roots, arrays))
-    return tuple(parts)
+    return _key_of_items([_CALL], args, roots, arrays)
 
 
 _CALL = object()  # marks `_top_key`'s keys: no `_key` starts with it
