@@ -52,7 +52,7 @@ from _timing import Row, dist_version, markdown_table
 # The models of bench_graph (a `Linear` of two Params; NNX's equivalent) and its plain one,
 # and bench_jit_partial's step on a dict (the same adam step, written with jax and optax).
 from bench_graph import MLP, ArrayLinear, Linear, nnx
-from bench_jit_partial import LR, Models, OnDict, make_dict_step
+from bench_jit_partial import LR, Models, OnDict, graph_step, make_dict_step, nnx_step
 
 import pytree_graph
 import pytree_module
@@ -115,18 +115,6 @@ def functional_form(
         return loss
 
     return run
-
-
-def graph_step(model: MLP, optimizer: Optimizer, x: jax.Array) -> jax.Array:
-    loss, grads = pytree_graph.value_and_grad(_loss)(model, x)
-    optimizer.update(model, grads)
-    return loss
-
-
-def nnx_step(model: Any, optimizer: Any, x: jax.Array) -> jax.Array:
-    loss, grads = nnx.value_and_grad(_loss)(model, x)
-    optimizer.update(model, grads)
-    return loss
 
 
 def forms(
