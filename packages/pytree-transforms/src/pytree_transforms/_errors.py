@@ -80,6 +80,19 @@ def source_function(fun: Callable[..., Any]) -> Callable[..., Any] | None:
     return None
 
 
+def present_like(
+    traced: Callable[..., Any], presented: Callable[..., Any], signature: inspect.Signature
+) -> None:
+    """Give `traced` the name and source of `presented`, made by `present_as` for the same
+    user function, with its own `signature` (without holding the user's function, which a
+    callable pytree would be)."""
+    traced.__name__ = presented.__name__
+    traced.__qualname__ = presented.__qualname__
+    if hasattr(presented, "__wrapped__"):
+        traced.__wrapped__ = presented.__wrapped__  # type: ignore[attr-defined]
+    traced.__signature__ = signature  # type: ignore[attr-defined]
+
+
 def present_as(
     traced: Callable[..., Any],
     fun: Callable[..., Any],

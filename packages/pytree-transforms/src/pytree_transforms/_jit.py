@@ -26,7 +26,7 @@ from pytree_module import Module
 from ._arguments import ArgumentSpecs, TracedLeafNames
 from ._donation import check_donate, kept_leaves
 from ._error_if import check_failure_in
-from ._errors import check_callable, check_pytree_objects, present_as
+from ._errors import check_callable, check_pytree_objects, present_as, present_like
 from ._input_writes import check_input_writes, record_inputs
 from ._jit_diagnose import diagnose_inputs, traced_leaf_names
 from ._jit_plan import Plan
@@ -40,6 +40,9 @@ from ._wrapper_cache import WrapperCache
 
 # `jax.jit` options that depend on how the arguments are passed in.
 _SHARDINGS = {"in_shardings", "out_shardings"}
+# How many values of a plan's static leaves get a `jax.jit` of their own (`Plan.bound`);
+# calls with others pass them as `jax.jit`'s static argument.
+_MAX_BOUND = 8
 
 
 def filter_jit(
@@ -241,8 +244,19 @@ class JitWrapper(BindsAsMethod):
                 out = plan.jitted(dynamic)
             else:
                 static = plan.get_static(leaves)
-                # `Plan.static_arg`, inlined.
-                out = plan.jitted(KeyedStatics(static) if plan.keyed else static, dynamic)
+                bound = plan.bound
+                jitted = None if bound is None else bound.get(static)
+                if jitted is not None:
+                    out = jitted(dynamic)
+                elif bound is not None and len(bound) < _MAX_BOUND:
+                    # New static leaves (the usual case: a Module's activation function, a
+                    # name): a `jax.jit` with them bound, as for `Plan.fixed`, so that JAX
+                    # hashes and compares no static argument on the calls that follow.
+                    jitted = bound[static] = plan.bind(static)
+                    out = jitted(dynamic)
+                else:
+                    # `Plan.static_arg`, inlined.
+                    out = plan.jitted(KeyedStatics(static) if plan.keyed else static, dynamic)
         except Exception as error:
             _raise_explained(error, tree, leaves, plan, plan.get_static(leaves))
             raise
@@ -345,6 +359,8 @@ class JitWrapper(BindsAsMethod):
             kept = sum(1 for i in treedef.unique if i < kept)
         fixed = self._donate == "none" and all(t is _TheFunction for t in static_types)
         plan = Plan(treedef, mask, types, static_types, kept, fixed)
+        if self._by_types and not fixed and not plan.keyed:
+            plan.bound = {}
         plan.jitted = self._jit(plan)
         plans.append(plan)
         return plan
@@ -382,15 +398,23 @@ class JitWrapper(BindsAsMethod):
         # must not lead back to `traced` (this wrapper, the plan, its `jax.jit`), or the
         # entry would keep the wrapper and its function alive for good.
         names = functools.partial(traced_leaf_names, the_function, plan.treedef, tuple(plan.mask))
-        if plan.fixed:
-            statics = (_THE_FUNCTION,) * len(plan.static_types)
-
-            def traced_fixed(*dynamic: tuple[Any, ...]) -> Any:
-                return traced(statics, *dynamic)
-
-            present_as(traced_fixed, self._fun, TracedLeafNames(names, static=False))
-            return jax.jit(traced_fixed, **self._jitkwargs)
         present_as(traced, self._fun, TracedLeafNames(names))
+        bound_signature = TracedLeafNames(names, static=False)
+        jitkwargs = self._jitkwargs
+
+        def bind(static_arg: Any) -> Any:
+            """The `jax.jit` of calls with these static leaves: it takes the traced ones."""
+
+            def traced_bound(*dynamic: tuple[Any, ...]) -> Any:
+                return traced(static_arg, *dynamic)
+
+            present_like(traced_bound, traced, bound_signature)
+            return jax.jit(traced_bound, **jitkwargs)
+
+        if plan.fixed:
+            return bind((_THE_FUNCTION,) * len(plan.static_types))
+        if plan.bound is not None:
+            plan.bind = bind
         donate_argnums = (2,) if donating else ()
         return jax.jit(traced, static_argnums=0, donate_argnums=donate_argnums, **self._jitkwargs)
 

@@ -40,11 +40,12 @@ def diagnose_inputs(tree: Any, leaves: list[Any], plan: Plan, static: tuple) -> 
                 "type. Only arrays and Python scalars can be traced: mark it static with a "
                 "`False` in the `args=`/`kwargs=`/`default=` specs."
             ) from None
-    for value in static:
+    static_places = plan.get_static(range(len(leaves)))
+    for value, place in zip(static, static_places, strict=True):
         try:
             hash(value)
         except TypeError:
-            index = places[plan.get_static(range(len(leaves)))[static.index(value)]]
+            index = places[place]
             raise TypeError(
                 f"filter_jit: {describe_leaf(tree, index, ('fun', 'args', 'kwargs'))} is "
                 f"static (not an array), so it must be hashable, but {type(value).__name__} "

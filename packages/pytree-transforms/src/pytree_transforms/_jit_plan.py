@@ -38,6 +38,8 @@ class Plan:
     """
 
     __slots__ = (
+        "bind",
+        "bound",
         "fixed",
         "get_dynamic",
         "get_static",
@@ -87,6 +89,12 @@ class Plan:
         # function's placeholder) and nothing is donated: then `jitted` takes the traced
         # leaves alone, and JAX has no static argument to hash and compare on each call.
         self.fixed = fixed
+        # For other plans of the wrapper's fast path whose static leaves are their own cache
+        # key (functions, strings, ints): a `jax.jit` per value of the static leaves, with
+        # them bound, made by `bind` (both set by the wrapper), so that JAX has no static
+        # part to hash and compare on each call. None where the static leaves go to `jitted`.
+        self.bound: dict[tuple[Any, ...], Any] | None = None
+        self.bind: Callable[[tuple[Any, ...]], Any] | None = None
         # The test of the traced leaves that says a call may share an object (see
         # `repeat_test`), or None where no two objects of this structure could be one.
         self.repeat_check = None if isinstance(treedef, Sharing) else repeat_test(treedef, mask)
