@@ -18,7 +18,8 @@ process falls on all of them alike. Each step is timed on its own (``perf_counte
 with synchronous CPU dispatch and Python's garbage collector on, as in a user's loop. The
 first steps of each form (compiling, warming caches) are left out. The report gives the
 median, 99th percentile and slowest step of each form: a garbage-collection pause or a
-hidden retrace shows in the last two, not in the median.
+hidden retrace shows in the last two, not in the median. Python's collections are timed
+through ``gc.callbacks``, and the slowest step's row says whether one ran during it.
 
 Usage:
     python benchmarks/bench_steps.py [--quick] [--out PATH]
@@ -30,6 +31,8 @@ says otherwise. Equinox and Flax are optional: without them their rows say "not 
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import random
 import sys
 import time
@@ -164,27 +167,83 @@ def forms(
     return found
 
 
+class CollectorWatch:
+    """Times Python's garbage collections (through `gc.callbacks`): the total so far, in
+    nanoseconds, and the oldest generation collected since the caller last set `oldest`
+    to -1."""
+
+    def __init__(self) -> None:
+        self.total_ns = 0
+        self.oldest = -1
+        self._started = 0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter_ns()
+            self.oldest = max(self.oldest, info["generation"])
+        else:
+            self.total_ns += time.perf_counter_ns() - self._started
+
+
+@dataclasses.dataclass
+class Collections:
+    """Python's garbage collections during each step of one form: how long they took (us)
+    and the oldest generation collected (-1 where none ran)."""
+
+    paused_us: np.ndarray
+    generation: np.ndarray
+
+    def slowest_note(self, times: np.ndarray, warmup: int) -> str:
+        """What the slowest step after warm-up held: a collection, or none."""
+        slowest = warmup + int(np.argmax(times[warmup:]))
+        if self.generation[slowest] < 0:
+            return "no garbage collection during it"
+        return (
+            f"a generation-{self.generation[slowest]} garbage collection of "
+            f"{self.paused_us[slowest]:,.0f} us ran during it"
+        )
+
+
 def run_steps(
     steps: dict[str, Callable[[], Any]], count: int, seed: int = 0
-) -> dict[str, np.ndarray]:
-    """`count` steps of every form, interleaved in a new shuffled order each round; the
-    time of each step in microseconds."""
+) -> tuple[dict[str, np.ndarray], dict[str, Collections]]:
+    """`count` steps of every form, interleaved in a new shuffled order each round: the
+    time of each step in microseconds, and the garbage collections during each, so that a
+    slow step can be told apart from a collection."""
     rng = random.Random(seed)
     names = list(steps)
     times = {name: np.empty(count) for name in names}
+    collections = {
+        name: Collections(np.zeros(count), np.full(count, -1, dtype=np.int8)) for name in names
+    }
     clock = time.perf_counter_ns
-    for i in range(count):
-        rng.shuffle(names)
-        for name in names:
-            step = steps[name]
-            start = clock()
-            step()
-            times[name][i] = (clock() - start) / 1e3
-    return times
+    watch = CollectorWatch()
+    gc.callbacks.append(watch)
+    try:
+        for i in range(count):
+            rng.shuffle(names)
+            for name in names:
+                step = steps[name]
+                before, watch.oldest = watch.total_ns, -1
+                start = clock()
+                step()
+                times[name][i] = (clock() - start) / 1e3
+                if watch.oldest >= 0:
+                    collections[name].paused_us[i] = (watch.total_ns - before) / 1e3
+                    collections[name].generation[i] = watch.oldest
+    finally:
+        gc.callbacks.remove(watch)
+    return times, collections
 
 
-def rows(times: dict[str, np.ndarray], why: dict[str, str], warmup: int) -> list[Row]:
-    """p50, p99 and max of each form after warm-up, each against the dict's."""
+def rows(
+    times: dict[str, np.ndarray],
+    why: dict[str, str],
+    warmup: int,
+    collections: dict[str, Collections] | None = None,
+) -> list[Row]:
+    """p50, p99 and max of each form after warm-up, each against the dict's; the slowest
+    step's row says whether a garbage collection ran during it."""
     stats = {
         name: {
             "p50": float(np.percentile(t[warmup:], 50)),
@@ -213,7 +272,10 @@ def rows(times: dict[str, np.ndarray], why: dict[str, str], warmup: int) -> list
             ratio = value / base
             target = "" if limit is None or name not in OURS else f"<= {limit:g}x the dict's"
             met = None if not target else ratio <= limit
-            out.append(Row(label, name, value, ratio, target, met))
+            note = ""
+            if stat == "max" and collections is not None:
+                note = collections[name].slowest_note(times[name], warmup)
+            out.append(Row(label, name, value, ratio, target, met, note))
     return out
 
 
@@ -226,8 +288,8 @@ def benchmark(invocation: Invocation) -> str:
     steps = {name: f for name, f in found.items() if callable(f)}
     why = {name: f for name, f in found.items() if isinstance(f, str)}
     log(f"{count} steps of {len(steps)} forms, interleaved")
-    times = run_steps(steps, count)
-    table = rows(times, why, warmup)
+    times, collections = run_steps(steps, count)
+    table = rows(times, why, warmup, collections)
     title = "Step-time stability: every step of a training run, vs jax.jit on a dict"
     record_table(invocation, title, table)
     description = (
