@@ -21,7 +21,7 @@ from ._graph_mode import resolve_modes
 from ._graphdef import GraphDef
 from ._initialise import Initialiser, initialising, without_self
 from ._lift import LiftedCall, Reordered
-from ._lift_cache import lift_cache
+from ._lift_cache import LastCall, lift_cache
 from ._outcome import NOTHING_CHANGED, Outcome, ValuesChanged
 from ._retrace_signature import graph_signature, static_signature
 from ._static_args import NOT_GIVEN, donated_arguments, static_arguments, with_static_entries
@@ -118,6 +118,8 @@ class _GraphJit(BindsAsMethod):
         )
         self._by_structure: dict[Any, Any] = {}
         self._last: tuple[Any, Any] = (None, None)
+        # The last call's arguments, for `lift_cache.find_args` to match the next one to.
+        self._last_call: LastCall | None = None
         self._jitted_donating = jax.jit(
             pure_donating,
             static_argnums=3 if static_args is None else (3, 4),
@@ -137,7 +139,10 @@ class _GraphJit(BindsAsMethod):
             return self._initialise(self, args[0], args[1:], kwargs)
         if self._static is not None:
             return self._call_with_statics(args, kwargs)
-        lifted = lift_cache.find(self._call.tree(args, kwargs))
+        if kwargs or self._call.lift_fun:
+            lifted = lift_cache.find(self._call.tree(args, kwargs))
+        else:
+            lifted, self._last_call = lift_cache.find_args(args, self._last_call)
         if not self._donate:
             structure, values = lifted.jit_inputs()
             last = self._last

@@ -317,6 +317,10 @@ class CachedWalk:
         since the walk."""
         if [ref() for ref in self.refs] != roots:  # identity: Modules and Variables
             return None
+        return self.lifted_from(roots, arrays)
+
+    def lifted_from(self, roots: list[Any], arrays: list[Any]) -> LiftedCall | None:
+        """`lifted`, for roots known to be the very objects walked."""
         if not self.unchanged(roots):
             return None
         if self.values_read is None:  # array-backed Variables: their refs are read each call
@@ -406,36 +410,74 @@ class LiftCache:
     def find(self, tree: Any) -> LiftedCall:
         """The lifted call of `tree`: from a cached walk where one still fits, else from
         a new walk (cached when the checks can watch it)."""
+        return self._find(tree)[0]
+
+    def find_args(self, args: tuple, last: "LastCall | None") -> "tuple[LiftedCall, LastCall | None]":
+        """`find((args, {}))`, first trying the cached walk of the caller's last call.
+
+        A call whose arguments are only Modules, Variables and arrays is matched to the
+        last one by identity and exact array type, without building the cache key: the
+        same objects at the same places, arrays where arrays were. The caller keeps the
+        `LastCall` this returns and passes it in next time.
+        """
+        if last is not None:
+            entry_ref, pattern = last
+            entry = entry_ref()
+            if entry is not None and len(args) == len(pattern):
+                roots: list[Any] = []
+                arrays: list[Any] = []
+                for value, ref in zip(args, pattern):
+                    if ref is None:
+                        if type(value) not in _array_types:
+                            break
+                        arrays.append(value)
+                    elif value is ref():
+                        roots.append(value)
+                    else:
+                        break
+                else:
+                    lifted = entry.lifted_from(roots, arrays)
+                    if lifted is not None:
+                        if CHECK_HITS:
+                            _check_hit((args, {}), lifted)
+                        return lifted, last
+        lifted, entry, key = self._find((args, {}))
+        return lifted, _last_call(entry, key, len(args))
+
+    def _find(self, tree: Any) -> tuple[LiftedCall, "CachedWalk | None", Any]:
+        """`find`, with the cached walk used (None where the call is not cached) and its key."""
         roots: list[Any] = []
         arrays: list[Any] = []
         try:
             key = (_top_key(tree, roots, arrays), tuple(map(id, roots)))
         except _Uncacheable:
-            return lift_once(tree)
+            return lift_once(tree), None, None
         except RecursionError:
             # The top of the call is a list or dict that holds itself: the walk of
             # `lift_once` names where (the key above has no objects to stop at).
-            return lift_once(tree)
+            return lift_once(tree), None, None
         entry = self._entries.get(key)
         if entry is not None:
             lifted = entry.lifted(roots, arrays)
             if lifted is not None:
                 if CHECK_HITS:
                     _check_hit(tree, lifted)
-                return lifted
+                return lifted, entry, key
         return self._walk(key, tree, roots, arrays)
 
-    def _walk(self, key: Any, tree: Any, roots: list[Any], arrays: list[Any]) -> LiftedCall:
+    def _walk(
+        self, key: Any, tree: Any, roots: list[Any], arrays: list[Any]
+    ) -> tuple[LiftedCall, "CachedWalk | None", Any]:
         checks = Checks(roots)
         walk = GraphWalk(checks=checks)
         graphdef = walk.graphdef(tree)
         if not checks.cacheable:
-            return lift_walked(walk, graphdef)
+            return lift_walked(walk, graphdef), None, None
         entry = CachedWalk(walk, checks, graphdef)
         self._store(key, entry, roots)
         # Read through the entry's plan, as the calls after this one will be: a jitted
         # function then gets its inputs in the same form (and order) every time.
-        return LiftedCall(entry.plan, roots, arrays)
+        return LiftedCall(entry.plan, roots, arrays), entry, key
 
     def _store(self, key: Any, entry: CachedWalk, roots: list[Any]) -> None:
         entries = self._entries
@@ -451,6 +493,32 @@ class LiftCache:
             # `None`: another thread may have dropped the oldest entry first.
             entries.pop(next(iter(entries)), None)
         entries[key] = entry
+
+
+# What `find_args` keeps of a caller's last call: a weak reference to the cached walk (it
+# holds the objects' children, which must not outlive the objects), and per argument the weak
+# reference to its object or None for an array.
+LastCall = tuple[weakref.ref, tuple["weakref.ref | None", ...]]
+
+
+def _last_call(entry: CachedWalk | None, key: Any, count: int) -> LastCall | None:
+    """The `LastCall` of a call of `count` arguments keyed `key`, or None where its top holds
+    more than Modules, Variables and arrays (its key is then needed to match it)."""
+    if entry is None:
+        return None
+    parts = key[0]
+    if len(parts) != count + 1 or parts[0] is not _CALL:
+        return None
+    refs = iter(entry.refs)
+    pattern = []
+    for part in parts[1:]:
+        if part is None:
+            pattern.append(next(refs))
+        elif part is _ARRAY:
+            pattern.append(None)
+        else:
+            return None
+    return weakref.ref(entry), tuple(pattern)
 
 
 lift_cache = LiftCache()

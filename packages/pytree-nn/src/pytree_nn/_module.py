@@ -83,8 +83,8 @@ class Module(pytree_module.Module):
             init_fn: the records before the first call.
 
         Returns:
-            Whether `value` was recorded: inside `capture`, only the types it collects
-            are (as in Flax NNX).
+            Whether `value` was recorded (inside `capture`, only the types it collects
+            are, as in Flax NNX).
 
         Raises:
             ValueError: `name` is an attribute that is not a Variable of that type (as
