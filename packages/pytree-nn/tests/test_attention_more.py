@@ -211,9 +211,13 @@ def test_layer_matches_reference(heads, kv_heads, normalize_qk):
     att = randomized(att)
     x = normal(1, (2, 5, 6))
     causal = make_causal_mask(jnp.zeros((2, 5)))
-    assert_close(att(x), reference_layer(att, x))
-    assert_close(att(x, is_causal=True), reference_layer(att, x, is_causal=True))
-    assert_close(att(x, mask=causal), reference_layer(att, x, is_causal=True))
+    # The LayerNorms of normalize_qk work over heads of 2 features, where the layer's
+    # variance (mean of squares less the squared mean, as Flax's) and the reference's
+    # (mean of squared deviations) round apart by a few 1e-5, by how the CPU orders the sums.
+    tol = 1e-4 if normalize_qk else 2e-5
+    assert_close(att(x), reference_layer(att, x), tol)
+    assert_close(att(x, is_causal=True), reference_layer(att, x, is_causal=True), tol)
+    assert_close(att(x, mask=causal), reference_layer(att, x, is_causal=True), tol)
 
 
 def test_normalize_qk_is_applied_before_rotary():
