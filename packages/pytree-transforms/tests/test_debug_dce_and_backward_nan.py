@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from runtime_checks import assert_check_fails
 
 from pytree_transforms import RuntimeCheckError
 from pytree_transforms.debug import backward_nan, inspect_dce, store_dce
@@ -73,8 +74,8 @@ def test_backward_nan_raises_on_a_nan_cotangent_unless_asked_not_to(capsys):
     grad = jax.jit(jax.grad(lambda x: loss(x, False)))(x)
     assert np.isnan(grad[0]) and grad[1] == 0.0
     assert "cotangents=Array([nan,  0.], dtype=float32)" in capsys.readouterr().out
-    with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="cotangent has a NaN"):
-        jax.jit(jax.grad(lambda x: loss(x, True)))(x)
+    checked = jax.jit(jax.grad(lambda x: loss(x, True)))
+    assert_check_fails(lambda: checked(x), "cotangent has a NaN")
     assert jax.grad(lambda x: loss(x, True))(jnp.array([1.0, 2.0])).tolist() == [0.0, 0.0]
 
 
@@ -84,7 +85,6 @@ def test_backward_nan_checks_a_cotangent_given_as_a_python_float(capsys):
         vjp(float("nan"))
     (passing,) = vjp(2.0)
     assert passing == 2.0
-    with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="cotangent of x has a NaN"):
-        jax.jit(vjp)(float("nan"))
+    assert_check_fails(lambda: jax.jit(vjp)(float("nan")), "cotangent of x has a NaN")
     _, unchecked = jax.vjp(lambda x: backward_nan(x, terminate=False), 1.0)
     assert np.isnan(unchecked(float("nan"))[0])

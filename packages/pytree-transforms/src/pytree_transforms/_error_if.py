@@ -68,10 +68,12 @@ class RuntimeCheckError(RuntimeError):
     """A check of `error_if`/`branched_error_if` failed.
 
     Raised as it is when the predicate is known at trace time (eagerly, or a Python
-    bool), and by functions compiled with `filter_jit`. Inside code compiled otherwise
-    (`jax.jit`) it is raised by a host callback, and reaches the caller as the error JAX
-    raises for a failed callback, `jax.errors.JaxRuntimeError` (or `ValueError`, on later
-    calls of a compiled function), whose text contains `RuntimeCheckError: <message>`.
+    bool), and by functions compiled with `filter_jit` where the call raises (on the
+    CPU). Inside code compiled otherwise (`jax.jit`) it is raised by a host callback, and
+    reaches the caller as the error JAX raises for a failed callback,
+    `jax.errors.JaxRuntimeError` (or `ValueError`, on later calls of a compiled function),
+    whose text contains `RuntimeCheckError: <message>`; so does a failure that surfaces
+    only when the result is waited for, as on GPUs and TPUs.
     """
 
     # Shown as `pytree_transforms.RuntimeCheckError`, where users import it from.
@@ -325,7 +327,9 @@ def branched_error_if(
             and true.
         jax.errors.JaxRuntimeError: inside compiled code, when the check fails (a
             `ValueError` on later calls of a compiled function: JAX's C++ dispatch raises
-            that); its text contains `RuntimeCheckError: ` and the message.
+            that); its text contains `RuntimeCheckError: ` and the message. Raised by the
+            call on the CPU, by the first wait for the result on a GPU or TPU (as for
+            `error_if`).
         TypeError: `pred` is not boolean, `index` not an integer, or a message not a str.
         ValueError: `msgs` is empty, or `on_error` (or, for `"default"`,
             `PYTREE_TRANSFORMS_ON_ERROR`) is not a known mode.
@@ -436,7 +440,9 @@ def error_if(x: Any, pred: Any, msg: str, *, on_error: str = "default") -> Any:
         jax.errors.JaxRuntimeError: inside compiled code, when the check fails (a
             `ValueError` on later calls of a compiled function: JAX's C++ dispatch raises
             that); its text contains `RuntimeCheckError: `, the message and the line of
-            the check.
+            the check. On the CPU the call raises it; on a GPU or TPU, which run the
+            program after the call returns, the first wait for the result does
+            (`jax.block_until_ready`, reading a value, or `jax.effects_barrier()`).
         TypeError: `pred` is not boolean, or `msg` not a str.
         ValueError: `on_error` is not one of the values above.
 
