@@ -544,7 +544,7 @@ def run(settings: Settings, quick: bool) -> Results:
     log(f"timing {label} ...")
     forms = [(name, (make, JITS[name]), lib, dist) for name, make, lib, dist in FORMS]
     seconds = partial(lowering_seconds, problem=problem)
-    lowering_repeats = 3 if quick else 5
+    lowering_repeats = 1 if quick else 5
     lowering, lowering_medians = median_rows(forms, seconds, lowering_repeats, label, "lowering")
     aot = aot_split(problem)
     programs = {}
