@@ -70,9 +70,24 @@ def documented_commands(text: str) -> dict[str, str]:
     return commands
 
 
+def command_arguments(command: str) -> list[str]:
+    """The words of a documented shell command, with `{a,b}` expanded as bash and zsh do
+    (`./packages/pytree-{module,filter}` is `./packages/pytree-module ./packages/pytree-filter`),
+    so that the command runs the same without a shell."""
+    words = []
+    for word in shlex.split(command.partition(" #")[0]):
+        braces = re.fullmatch(r"(.*)\{([^{}]*,[^{}]*)\}(.*)", word)
+        if braces is None:
+            words.append(word)
+        else:
+            head, choices, tail = braces.groups()
+            words.extend(head + choice + tail for choice in choices.split(","))
+    return words
+
+
 def command_folders(command: str) -> list[str]:
     """Return the package folders, in order, that a `pip install ./packages/...` line names."""
-    paths = [arg for arg in shlex.split(command.partition(" #")[0])[2:] if arg != "-e"]
+    paths = [arg for arg in command_arguments(command)[2:] if arg != "-e"]
     return [re.sub(r"\[[^\]]*\]$", "", Path(path).name) for path in paths]
 
 
@@ -134,7 +149,7 @@ def check_install(
     # Neither the source folders on PYTHONPATH nor an active environment may stand in for
     # what the command installed.
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
-    pip = [str(venv_python), "-m", *shlex.split(command)]
+    pip = [str(venv_python), "-m", *command_arguments(command)]
     result = run(pip, cwd=ROOT, env=env)
     if result.returncode != 0:
         return [f"`{command}` failed:\n{result.stdout}{result.stderr}"]

@@ -44,18 +44,35 @@ def test_reads_the_command_of_each_package_and_skips_variations() -> None:
     ) == ["pytree-nn", "pytree-graph"]
 
 
+def test_braces_expand_as_the_shell_expands_them() -> None:
+    command = 'pip install "./packages/pytree-nn[orbax]" ./packages/pytree-{graph,module}'
+    assert from_clone.command_arguments(command) == [
+        "pip",
+        "install",
+        "./packages/pytree-nn[orbax]",
+        "./packages/pytree-graph",
+        "./packages/pytree-module",
+    ]
+    assert from_clone.command_folders("pip install ./packages/pytree-{module,filter}") == [
+        "pytree-module",
+        "pytree-filter",
+    ]
+
+
 @pytest.mark.parametrize("name", sorted(PACKAGES))
 def test_readme_and_getting_started_give_each_package_the_same_complete_command(name) -> None:
     command, problems = from_clone.command_problems(name, PACKAGES)
     assert problems == []
-    assert command.startswith(f"pip install ./packages/{PACKAGES[name].folder.name}")
+    assert from_clone.command_folders(command)[0] == PACKAGES[name].folder.name
 
 
 def test_every_documented_install_from_the_clone_names_what_its_package_needs() -> None:
     pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
     checked = 0
     for page in pages:
-        for line in page.read_text(encoding="utf-8").splitlines():
+        # A command continued on the next line (`\` at the end) is one command.
+        text = page.read_text(encoding="utf-8").replace("\\\n", " ")
+        for line in text.splitlines():
             if not INSTALL_LINE.match(line):
                 continue
             first, *rest = from_clone.command_folders(line)

@@ -412,7 +412,9 @@ class LiftCache:
         a new walk (cached when the checks can watch it)."""
         return self._find(tree)[0]
 
-    def find_args(self, args: tuple, last: "LastCall | None") -> "tuple[LiftedCall, LastCall | None]":
+    def find_args(
+        self, args: tuple, last: "LastCall | None"
+    ) -> "tuple[LiftedCall, LastCall | None]":
         """`find((args, {}))`, first trying the cached walk of the caller's last call.
 
         A call whose arguments are only Modules, Variables and arrays is matched to the
@@ -426,7 +428,7 @@ class LiftCache:
             if entry is not None and len(args) == len(pattern):
                 roots: list[Any] = []
                 arrays: list[Any] = []
-                for value, ref in zip(args, pattern):
+                for value, ref in zip(args, pattern, strict=True):
                     if ref is None:
                         if type(value) not in _array_types:
                             break
