@@ -35,7 +35,15 @@ from pathlib import Path
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from check_isolation import ROOT, Package, load_packages, requirement_name, run, sibling_closure
+from check_isolation import (
+    ROOT,
+    Package,
+    load_packages,
+    report,
+    requirement_name,
+    run,
+    sibling_closure,
+)
 from check_lowest_versions import tree_version
 
 DEFAULT_PACKAGES = ("pytree-nn", "pytree-module")
@@ -201,17 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(temp, ignore_errors=True)
 
-    print()
     failures = {name: problems for name, problems in failures.items() if problems}
-    for name in selected:
-        print(f"{'FAIL' if name in failures else 'ok  '} {name}")
-        for problem in failures.get(name, []):
-            print(f"     {name} {problem}")
-    if failures:
-        print(f"install from the clone failed for {len(failures)} of {len(selected)} package(s)")
-        return 1
-    print(f"install from the clone works for {len(selected)} package(s)")
-    return 0
+    return report(
+        selected, failures, "install from the clone failed", "install from the clone works"
+    )
 
 
 if __name__ == "__main__":

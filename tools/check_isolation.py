@@ -295,15 +295,24 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(temp, ignore_errors=True)
 
+    return report(selected, failures, "isolation check failed", "isolation check passed")
+
+
+def report(selected: list[str], failures: dict[str, list[str]], failed: str, passed: str) -> int:
+    """Print each package's outcome and its problems, then a summary line; the exit status.
+
+    `failed` and `passed` open the summary ("isolation check failed"), followed by the
+    count of packages.
+    """
     print()
     for name in selected:
         print(f"{'FAIL' if name in failures else 'ok  '} {name}")
         for problem in failures.get(name, []):
             print(f"     {name} {problem}")
     if failures:
-        print(f"isolation check failed for {len(failures)} of {len(selected)} package(s)")
+        print(f"{failed} for {len(failures)} of {len(selected)} package(s)")
         return 1
-    print(f"isolation check passed for {len(selected)} package(s)")
+    print(f"{passed} for {len(selected)} package(s)")
     return 0
 
 
