@@ -22,7 +22,6 @@ The environments are checked side by side. Exits with status 1 if any check fail
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -38,9 +37,8 @@ from urllib.request import url2pathname
 from check_isolation import (
     ROOT,
     Package,
-    load_packages,
+    environment_arguments,
     report,
-    requirement_name,
     run,
     sibling_closure,
 )
@@ -170,17 +168,10 @@ def check_install(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--package", action="append", dest="packages", metavar="NAME")
-    parser.add_argument("--python", default=sys.executable, help="interpreter for the environments")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
-    args = parser.parse_args(argv)
-
-    packages = load_packages(ROOT)
-    selected = [requirement_name(n) for n in args.packages or DEFAULT_PACKAGES]
-    if unknown := [n for n in selected if n not in packages]:
-        print(f"error: unknown package(s) {', '.join(unknown)}; known: {', '.join(packages)}")
+    parsed = environment_arguments(argv, __doc__.splitlines()[0], DEFAULT_PACKAGES)
+    if parsed is None:
         return 2
+    args, packages, selected = parsed
     failures: dict[str, list[str]] = {}
     commands = {}
     for name in selected:

@@ -254,18 +254,34 @@ def check_package(
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def environment_arguments(
+    argv: list[str] | None, description: str, default: tuple[str, ...] | None = None
+) -> tuple[argparse.Namespace, dict[str, Package], list[str]] | None:
+    """The command line of the checks that make fresh environments (`--package NAME ...`,
+    `--python`, `--keep`).
+
+    Returns:
+        The parsed arguments, the clone's packages and the names selected (those named, else
+        `default`, else every package); None, after printing why, if a name is unknown.
+    """
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--package", action="append", dest="packages", metavar="NAME")
     parser.add_argument("--python", default=sys.executable, help="interpreter for the environments")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args(argv)
-
     packages = load_packages(ROOT)
-    selected = [requirement_name(n) for n in args.packages or packages]
+    selected = [requirement_name(n) for n in args.packages or default or packages]
     if unknown := [n for n in selected if n not in packages]:
         print(f"error: unknown package(s) {', '.join(unknown)}; known: {', '.join(packages)}")
+        return None
+    return args, packages, selected
+
+
+def main(argv: list[str] | None = None) -> int:
+    parsed = environment_arguments(argv, __doc__.splitlines()[0])
+    if parsed is None:
         return 2
+    args, packages, selected = parsed
     uv = find_uv()
     temp = Path(tempfile.mkdtemp(prefix="check-isolation-"))
     failures: dict[str, list[str]] = {}
