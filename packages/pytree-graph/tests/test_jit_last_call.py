@@ -5,7 +5,9 @@ call must still be told apart, and the last call must not keep objects alive."""
 import gc
 import weakref
 
+import jax
 import jax.numpy as jnp
+import pytest
 
 import pytree_graph as pg
 from pytree_module import Module
@@ -73,3 +75,25 @@ def test_the_last_call_keeps_no_object_alive():
     gc.collect()
     assert model_ref() is None
     assert variable_ref() is None
+
+
+def test_writes_on_a_repeated_call_reach_the_caller():
+    @pg.jit
+    def step(model, x):
+        model.w.value = model.w.value + x
+
+    m = Scale(0.0)
+    for _ in range(4):
+        step(m, jnp.array(1.0))
+    assert float(m.w.value) == 4.0
+
+
+def test_an_error_tracing_a_repeated_call_names_the_argument():
+    # Python control flow on `x`, except where its shape settles it.
+    f = pg.jit(lambda model, x: x if x.shape == (1,) or x.sum() > 0 else model.w.value * x)
+    m = Scale(2.0)
+    f(m, jnp.ones(1))
+    f(m, jnp.ones(1))
+    # The same objects as the last call, matched by identity; the new shape traces again.
+    with pytest.raises(jax.errors.TracerBoolConversionError, match=r"of the argument x\."):
+        f(m, jnp.ones(2))

@@ -118,8 +118,8 @@ class _GraphJit(BindsAsMethod):
         )
         self._by_structure: dict[Any, Any] = {}
         self._last: tuple[Any, Any] = (None, None)
-        # The last call's arguments, for `lift_cache.find_args` to match the next one to.
-        self._last_call: LastCall | None = None
+        # The last plain call's arguments and jitted function, to match the next call to.
+        self._hot: tuple[LastCall, Any] | None = None
         self._jitted_donating = jax.jit(
             pure_donating,
             static_argnums=3 if static_args is None else (3, 4),
@@ -129,6 +129,20 @@ class _GraphJit(BindsAsMethod):
         functools.update_wrapper(self, fun, updated=())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # The same objects as the last call, unchanged: its inputs are read straight away.
+        hot = self._hot
+        if hot is not None and not kwargs:
+            last_call, jitted = hot
+            inputs = last_call.inputs(args)
+            if inputs is not None:
+                try:
+                    outcome, values = jitted(inputs)
+                except Exception as error:
+                    self._rename_in_error(error, last_call.lifted(args, inputs), None)
+                    raise
+                if outcome is NOTHING_CHANGED:
+                    return values[0]
+                return last_call.lifted(args, inputs).apply(outcome, values)
         # A pytree Module still in its `__init__` has no layout yet (checked inline: hot path).
         if (
             args
@@ -139,14 +153,17 @@ class _GraphJit(BindsAsMethod):
             return self._initialise(self, args[0], args[1:], kwargs)
         if self._static is not None:
             return self._call_with_statics(args, kwargs)
+        last_call = None
         if kwargs or self._call.lift_fun:
             lifted = lift_cache.find(self._call.tree(args, kwargs))
         else:
-            lifted, self._last_call = lift_cache.find_args(args, self._last_call)
+            lifted, last_call = lift_cache.find_args(args)
         if not self._donate:
             structure, values = lifted.jit_inputs()
             last = self._last
             jitted = last[1] if last[0] is structure else self._jit_of(structure)
+            # One tuple: a thread never sees half of it.
+            self._hot = None if last_call is None else (last_call, jitted)
             try:
                 outcome, values = jitted(values)
             except Exception as error:

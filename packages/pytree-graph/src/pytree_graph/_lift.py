@@ -152,6 +152,8 @@ class LiftedCall:
         plan: how to read the call's values and objects.
         roots: the Modules and Variables at the top of the call, as the plan numbers them.
         arrays: the arrays at the top of the call, in the plan's order.
+        variable_values: the Variables' values, where already read (`read_variable_values`).
+        inputs: the values in the plan's order, where already made (`LastCall.inputs`).
 
     Attributes:
         graphdef: the structure of the whole argument tree (sharing across arguments
@@ -182,15 +184,19 @@ class LiftedCall:
         roots: list[Any],
         arrays: list[Any],
         variable_values: list[Any] | None = None,
+        *,
+        inputs: list[Any] | None = None,
     ):
         self._plan = plan
         self._roots = roots
         self._arrays = arrays
         # The values in the plan's order (written for speed: it runs on every jitted call).
-        # `variable_values`: what `read_variable_values` gave, where the caller kept it.
-        if variable_values is None:
-            variable_values = read_variable_values(plan, roots)
-        inputs = [*variable_values, *arrays, *plan.inner_arrays]
+        # `variable_values`: what `read_variable_values` gave, where the caller kept it;
+        # `inputs`: the whole list, where the caller has made it.
+        if inputs is None:
+            if variable_values is None:
+                variable_values = read_variable_values(plan, roots)
+            inputs = [*variable_values, *arrays, *plan.inner_arrays]
         self._inputs = inputs
         self._values: list[Any] | None = None
         self._leaves: list[Any] | None = None

@@ -412,37 +412,10 @@ class LiftCache:
         a new walk (cached when the checks can watch it)."""
         return self._find(tree)[0]
 
-    def find_args(
-        self, args: tuple, last: "LastCall | None"
-    ) -> "tuple[LiftedCall, LastCall | None]":
-        """`find((args, {}))`, first trying the cached walk of the caller's last call.
-
-        A call whose arguments are only Modules, Variables and arrays is matched to the
-        last one by identity and exact array type, without building the cache key: the
-        same objects at the same places, arrays where arrays were. The caller keeps the
-        `LastCall` this returns and passes it in next time.
-        """
-        if last is not None:
-            entry_ref, pattern = last
-            entry = entry_ref()
-            if entry is not None and len(args) == len(pattern):
-                roots: list[Any] = []
-                arrays: list[Any] = []
-                for value, ref in zip(args, pattern, strict=True):
-                    if ref is None:
-                        if type(value) not in _array_types:
-                            break
-                        arrays.append(value)
-                    elif value is ref():
-                        roots.append(value)
-                    else:
-                        break
-                else:
-                    lifted = entry.lifted_from(roots, arrays)
-                    if lifted is not None:
-                        if CHECK_HITS:
-                            _check_hit((args, {}), lifted)
-                        return lifted, last
+    def find_args(self, args: tuple) -> "tuple[LiftedCall, LastCall | None]":
+        """`find((args, {}))`, and the `LastCall` that matches the next call with the same
+        objects to this one without building the cache key (None where the top of the
+        call holds more than Modules, Variables and arrays)."""
         lifted, entry, key = self._find((args, {}))
         return lifted, _last_call(entry, key, len(args))
 
@@ -497,10 +470,73 @@ class LiftCache:
         entries[key] = entry
 
 
-# What `find_args` keeps of a caller's last call: a weak reference to the cached walk (it
-# holds the objects' children, which must not outlive the objects), and per argument the weak
-# reference to its object or None for an array.
-LastCall = tuple[weakref.ref, tuple["weakref.ref | None", ...]]
+class LastCall:
+    """What a jit keeps of its last call, to match the next one by identity alone.
+
+    A call whose arguments are only Modules, Variables and arrays matches when it passes the
+    same objects at the same places, unchanged since, and arrays of a known exact type where
+    arrays were: then the jitted function's inputs are read without building the lift
+    cache's key, and without a `LiftedCall` (made only to write back or to name an error).
+    The cached walk is held weakly (it holds the objects' children, which must not outlive
+    the objects), and each object by a weak reference.
+
+    Arguments:
+        entry: the cached walk of the call.
+        pattern: per argument, the weak reference to its object, or None for an array.
+    """
+
+    __slots__ = ("_entry", "_pattern")
+
+    def __init__(self, entry: CachedWalk, pattern: tuple["weakref.ref | None", ...]):
+        self._entry = weakref.ref(entry)
+        self._pattern = pattern
+
+    def inputs(self, args: tuple) -> list[Any] | None:
+        """The values a jitted call takes for `args` (as `LiftedCall.jit_inputs()` gives
+        them), or None where `args` do not match the last call. Written for speed: it runs
+        on every call of a jitted function."""
+        entry = self._entry()
+        pattern = self._pattern
+        if entry is None or len(args) != len(pattern):
+            return None
+        roots: list[Any] = []
+        arrays: list[Any] = []
+        # Lengths compared above: a strict zip would only cost time (a quarter microsecond).
+        for value, ref in zip(args, pattern):  # noqa: B905
+            if ref is None:
+                if type(value) not in _array_types:
+                    return None
+                arrays.append(value)
+            elif value is ref():
+                roots.append(value)
+            else:
+                return None
+        if entry.epoch != mutations.count:
+            if not entry.unchanged(roots):
+                return None
+        elif entry.containers and not entry.same_containers():
+            return None
+        held = entry.values_read
+        if held is None:  # array-backed Variables: their refs are read each call
+            values = read_variable_values(entry.plan, roots)
+        else:
+            # As in `CachedWalk.lifted_from`: the values read last, while nothing was written.
+            stamp = value_writes.last
+            if held[0] != stamp:
+                held = entry.values_read = (stamp, read_variable_values(entry.plan, roots))
+            values = held[1]
+        inputs = [*values, *arrays, *entry.plan.inner_arrays]
+        if CHECK_HITS:
+            _check_hit((args, {}), self.lifted(args, inputs))
+        return inputs
+
+    def lifted(self, args: tuple, inputs: list[Any]) -> LiftedCall:
+        """The lifted call of `args`, which `inputs` (from `inputs(args)`) matched."""
+        entry = self._entry()
+        assert entry is not None  # `inputs` found it, and `args` hold its objects alive
+        roots = [value for value, ref in zip(args, self._pattern, strict=True) if ref is not None]
+        arrays = [value for value, ref in zip(args, self._pattern, strict=True) if ref is None]
+        return LiftedCall(entry.plan, roots, arrays, inputs=inputs)
 
 
 def _last_call(entry: CachedWalk | None, key: Any, count: int) -> LastCall | None:
@@ -520,7 +556,7 @@ def _last_call(entry: CachedWalk | None, key: Any, count: int) -> LastCall | Non
             pattern.append(None)
         else:
             return None
-    return weakref.ref(entry), tuple(pattern)
+    return LastCall(entry, tuple(pattern))
 
 
 lift_cache = LiftCache()
