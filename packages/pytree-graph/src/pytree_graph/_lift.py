@@ -17,6 +17,8 @@ from typing import Any
 
 import jax
 
+from pytree_module.extend import current_trace_token
+
 from ._graphdef import Builder, GraphDef, check_writable
 from ._outcome import Outcome, StructureChanged
 from ._traverse import GraphWalk
@@ -297,11 +299,26 @@ class LiftedCall:
         """Give the Variables at leaf `positions` their new `values`."""
         if not positions:
             return
-        leaves = self.leaves
+        # Written for speed: it runs for every Variable a training step writes. The plan
+        # holds the Variables below the roots (`order` gives their place among them), so
+        # the list of all leaves is made only for a Variable among the roots; and
+        # `check_writable` runs only where the token differs from the current trace's.
+        plan = self._plan
+        held, order = plan.variables, plan.order
+        count = len(held)
+        leaves = None
+        current = current_trace_token()
         try:
             for position, value in zip(positions, values, strict=True):
-                variable = leaves[position]
-                check_writable(variable)
+                index = order[position]
+                if index < count:
+                    variable = held[index]
+                else:
+                    if leaves is None:
+                        leaves = self.leaves
+                    variable = leaves[position]
+                if variable._pg_trace is not current:
+                    check_writable(variable)
                 variable._pg_flat[0][0] = value
         finally:
             wrote_values()

@@ -534,8 +534,10 @@ class LastCall:
         """The lifted call of `args`, which `inputs` (from `inputs(args)`) matched."""
         entry = self._entry()
         assert entry is not None  # `inputs` found it, and `args` hold its objects alive
-        roots = [value for value, ref in zip(args, self._pattern, strict=True) if ref is not None]
-        arrays = [value for value, ref in zip(args, self._pattern, strict=True) if ref is None]
+        roots: list[Any] = []
+        arrays: list[Any] = []
+        for value, ref in zip(args, self._pattern, strict=True):
+            (arrays if ref is None else roots).append(value)
         return LiftedCall(entry.plan, roots, arrays, inputs=inputs)
 
 
