@@ -4,10 +4,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.extend.core import subjaxprs
 
 import pytree_graph as pg
 import pytree_nn as nn
 from pytree_nn import Conv, Dropout, Embedding, LayerNorm, Linear, MultiHeadAttention, Rngs
+from pytree_nn._flat_draws import drawing_flat
 
 
 class Tied(nn.Module):
@@ -111,3 +113,99 @@ def test_build_refuses_what_is_not_callable() -> None:
 def test_build_reports_errors_of_make_with_its_arguments() -> None:
     with pytest.raises(TypeError, match="rngs"):
         nn.build(Linear, 2, 3, rngs=0, not_an_argument=1)
+
+
+class Drawn(nn.Module):
+    """Parameters from the three samplers initializers use, in blocks of one shape each."""
+
+    def __init__(self, blocks: int, width: int, *, rngs: Rngs):
+        normal, uniform = nn.initializers.normal(0.5), nn.initializers.uniform(0.5)
+        self.blocks = [
+            [
+                Linear(width, 2 * width, kernel_init=normal, bias_init=uniform, rngs=rngs),
+                Linear(2 * width, width, rngs=rngs),  # truncated normal (lecun_normal)
+                Embedding(3 * width, width, rngs=rngs),
+            ]
+            for _ in range(blocks)
+        ]
+
+
+def _threefry_count(jaxpr) -> int:
+    """How many threefry hashes a program holds (jaxprs inside it included)."""
+    names = ("random_fold_in", "random_bits", "random_split", "threefry2x32")
+    own = sum(eqn.primitive.name in names for eqn in jaxpr.eqns)
+    return own + sum(_threefry_count(inner) for inner in subjaxprs(jaxpr))
+
+
+def test_build_batches_the_draws_into_few_threefry_hashes() -> None:
+    def eager(key):
+        return pg.state(Drawn(4, 8, rngs=Rngs(key)))
+
+    def built(key):
+        return pg.state(nn.build(Drawn, 4, 8, rngs=Rngs(key)))
+
+    key = jax.random.key(0)
+    # Eagerly, a fold_in per key (5 a block) and a draw per drawn parameter (4 a block).
+    assert _threefry_count(jax.make_jaxpr(eager)(key).jaxpr) == 4 * 5 + 4 * 4
+    # Built: one fold_in for all keys, one draw per sampler and shape.
+    assert _threefry_count(jax.make_jaxpr(built)(key).jaxpr) == 1 + 4
+
+
+def test_build_draws_the_values_of_the_unbatched_program_exactly() -> None:
+    @jax.jit
+    def unbatched(key):
+        with drawing_flat():  # as `build` draws
+            return pg.state(Drawn(4, 8, rngs=Rngs(key)))
+
+    built = nn.build(Drawn, 4, 8, rngs=Rngs(5))
+    expected = unbatched(jax.random.key(5)).flat_state()
+    for path, value in _values(built).items():
+        np.testing.assert_array_equal(value, expected[path].value, err_msg=str(path))
+    # Eager construction draws the same bits; XLA may turn them into floats differently in
+    # a compiled program (the last bit, with some JAX versions).
+    for path, value in _values(Drawn(4, 8, rngs=Rngs(5))).items():
+        np.testing.assert_allclose(_values(built)[path], value, rtol=0, atol=2.5e-7)
+
+
+class Stores(nn.Module):
+    """A model that keeps the `Rngs` it is given, and one submodule at two places."""
+
+    def __init__(self, *, rngs: Rngs):
+        self.rngs = rngs
+        self.first = Linear(2, 2, rngs=rngs)
+        self.again = self.first
+
+
+def test_build_keeps_a_stored_rngs_the_callers_and_a_stored_module_shared() -> None:
+    rngs = Rngs(0)
+    built = nn.build(Stores, rngs=rngs)
+    assert built.rngs is rngs
+    assert built.again is built.first
+    assert int(rngs.default.count.value) == 2  # the kernel's key and the bias's
+    eager = Stores(rngs=Rngs(0))
+    np.testing.assert_array_equal(built.first.kernel.value, eager.first.kernel.value)
+
+
+class Branches(nn.Module):
+    """A constructor that draws inside `cond` and calls a `custom_jvp` function."""
+
+    def __init__(self, flag: jax.Array, *, rngs: Rngs):
+        key = rngs.params()
+        self.scale = pg.Param(
+            jax.lax.cond(
+                flag > 0,
+                lambda k: jax.random.normal(k, (3,)),
+                lambda k: jax.random.uniform(k, (3,)),
+                key,
+            )
+        )
+        self.soft = pg.Param(jax.nn.softplus(jax.random.normal(rngs.params(), (2,))))
+        self.relu = pg.Param(jax.nn.relu(self.scale.value))
+
+
+@pytest.mark.parametrize("flag", [1, -1])
+def test_build_runs_a_constructor_with_cond_and_custom_jvp(flag: int) -> None:
+    built = nn.build(Branches, jnp.asarray(flag), rngs=Rngs(2))
+    eager = Branches(jnp.asarray(flag), rngs=Rngs(2))
+    for path, value in _values(eager).items():
+        np.testing.assert_allclose(_values(built)[path], value, rtol=0, atol=2.5e-7)
