@@ -317,23 +317,26 @@ class CachedWalk:
         since the walk."""
         if [ref() for ref in self.refs] != roots:  # identity: Modules and Variables
             return None
-        return self.lifted_from(roots, arrays)
-
-    def lifted_from(self, roots: list[Any], arrays: list[Any]) -> LiftedCall | None:
-        """`lifted`, for roots known to be the very objects walked."""
         if not self.unchanged(roots):
             return None
-        if self.values_read is None:  # array-backed Variables: their refs are read each call
-            return LiftedCall(self.plan, roots, arrays)
-        # The Variables' values as the last call read them, while no value was written
-        # since (`wrote_values` stamps every write): a model called again and again without
-        # training, as in evaluation or generation, has them read once. The stamp is taken
-        # before reading, so a write during the read makes the next call read again.
-        stamp = value_writes.last
+        return LiftedCall(self.plan, roots, arrays, self.variable_values(roots))
+
+    def variable_values(self, roots: list[Any]) -> list[Any]:
+        """The Variables' values (`read_variable_values`), read again only where a value was
+        written since the last read.
+
+        A model called again and again without training, as in evaluation or generation,
+        has them read once (`wrote_values` stamps every write). The stamp is taken before
+        reading, so a write during the read makes the next call read again. Array-backed
+        Variables are read each call: writes into their refs draw no stamp.
+        """
         held = self.values_read
+        if held is None:
+            return read_variable_values(self.plan, roots)
+        stamp = value_writes.last
         if held[0] != stamp:
             held = self.values_read = (stamp, read_variable_values(self.plan, roots))
-        return LiftedCall(self.plan, roots, arrays, held[1])
+        return held[1]
 
     def unchanged(self, roots: list[Any]) -> bool:
         """Whether the objects walked, reached from these roots, are as they were then."""
@@ -511,21 +514,9 @@ class LastCall:
                 roots.append(value)
             else:
                 return None
-        if entry.epoch != mutations.count:
-            if not entry.unchanged(roots):
-                return None
-        elif entry.containers and not entry.same_containers():
+        if not entry.unchanged(roots):
             return None
-        held = entry.values_read
-        if held is None:  # array-backed Variables: their refs are read each call
-            values = read_variable_values(entry.plan, roots)
-        else:
-            # As in `CachedWalk.lifted_from`: the values read last, while nothing was written.
-            stamp = value_writes.last
-            if held[0] != stamp:
-                held = entry.values_read = (stamp, read_variable_values(entry.plan, roots))
-            values = held[1]
-        inputs = [*values, *arrays, *entry.plan.inner_arrays]
+        inputs = [*entry.variable_values(roots), *arrays, *entry.plan.inner_arrays]
         if CHECK_HITS:
             _check_hit((args, {}), self.lifted(args, inputs))
         return inputs
